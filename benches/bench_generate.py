@@ -1,0 +1,97 @@
+"""guided vs transformers `generate` on the default model, same prompts,
+dtype and machine, measured in one run.
+
+    python benches/bench_generate.py [--new-tokens 128] [--batches 1 16]
+
+Prefill time is the time to the first generated token; decode throughput is
+(batch × (new_tokens − 1)) / (time for new_tokens − time for one token). Both
+engines run greedy with end tokens ignored, so they produce the same number
+of tokens. Prints one row per (engine, dtype, batch) and guided/transformers
+ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from guided import LLM, SamplingParams
+from guided.model import default_model_path
+
+PROMPT_WORDS = ("Explain in detail how a compiler turns source code into machine code, "
+                "covering lexing, parsing, optimisation and code generation. ")
+
+
+def prompts(batch: int) -> list[str]:
+    # Same length for every row so transformers needs no padding (fair to it).
+    return [f"[{i:02d}] " + PROMPT_WORDS * 2 for i in range(batch)]
+
+
+def best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
+    first = best_of(lambda: llm_generate(1), repeat)
+    full = best_of(lambda: llm_generate(new_tokens), repeat)
+    return first, full
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    import transformers
+
+    path = Path(default_model_path())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # Prefix caching off: every repeat must prefill from scratch, as transformers does.
+    llm = LLM(enable_prefix_caching=False, max_num_seqs=max(args.batches))
+
+    rows = []
+    for batch in args.batches:
+        ps = prompts(batch)
+        ids = torch.tensor([tok.encode(p) for p in ps])
+
+        def hf_gen(n: int):
+            with torch.inference_mode():
+                hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                            pad_token_id=tok.pad_token_id or 0)
+
+        def guided_gen(n: int):
+            llm.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
+
+        for name, gen in (("transformers", hf_gen), ("guided", guided_gen)):
+            gen(4)  # warm-up
+            first, full = timed(gen, args.new_tokens, args.repeat)
+            decode_tps = batch * (args.new_tokens - 1) / (full - first)
+            rows.append((name, "float32", batch, first * 1000, decode_tps))
+
+    print(f"\nSmolLM2-135M-Instruct Q4_1 → fp32, CPU, {torch.get_num_threads()} threads, "
+          f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens\n")
+    print(f"{'engine':<14}{'dtype':<9}{'batch':>6}{'prefill ms':>12}{'decode tok/s':>14}")
+    for name, dtype, batch, prefill, tps in rows:
+        print(f"{name:<14}{dtype:<9}{batch:>6}{prefill:>12.1f}{tps:>14.1f}")
+    print()
+    for batch in args.batches:
+        ref = next(r for r in rows if r[0] == "transformers" and r[2] == batch)
+        ours = next(r for r in rows if r[0] == "guided" and r[2] == batch)
+        print(f"batch {batch:>2}: decode {ours[4] / ref[4]:.2f}x, "
+              f"prefill {ref[3] / ours[3]:.2f}x faster than transformers")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Render a model's own Jinja chat template the way transformers does.
+
+Sandboxed (templates ship inside model files and are untrusted), with the
+same whitespace options and helpers (`raise_exception`, `strftime_now`,
+`tojson`) that templates written for transformers expect.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class TemplateError(ValueError):
+    """The chat template refused the conversation or is broken."""
+
+
+def _raise(message: str):
+    raise TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def render_chat(template: str | None, messages: list[dict], *,
+                add_generation_prompt: bool = True, **kwargs) -> str:
+    """The prompt text for `messages`, ending where the assistant starts."""
+    if not template:
+        raise TemplateError("the model has no chat template; use generate() with a prompt")
+    if not messages:
+        raise TemplateError("messages is empty")
+    try:
+        return _compile(template).render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
+    except TemplateError:
+        raise
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"chat template failed: {exc}") from exc

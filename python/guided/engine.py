@@ -1,0 +1,212 @@
+"""The step loop: schedule → forward → sample → update.
+
+One engine step crosses into Rust three times in all (schedule, sample,
+update), whatever the batch size. Python keeps only what runs once per token
+per request and needs text: detokenizing and stop strings.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import _native
+from .model import AttentionMetadata, LoadedModel, allocate_kv_cache
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+from .tokenizer import IncrementalDetokenizer, SpecialTokens, TokenizerWrapper
+
+log = logging.getLogger("guided.engine")
+
+_CPU_KV_CACHE_BYTES = 2 << 30  # default KV pool on CPU when kv_cache_tokens is not given
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64
+    kv_cache_tokens: int | None = None
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class _Request:
+    id: int
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_hit: str | None = None
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.special = SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
+                                              loaded.bos_token)
+        self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
+        mc = loaded.config
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 mc.max_position_embeddings)
+        self.block_size = config.block_size
+        self.num_blocks = self._pool_blocks(config)
+        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size,
+                                           loaded.dtype, self.device)
+        self.scheduler = _native.Scheduler(
+            num_blocks=self.num_blocks, block_size=self.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+            max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
+            enable_prefix_caching=config.enable_prefix_caching)
+        self.requests: dict[int, _Request] = {}
+        self._ids = itertools.count()
+        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "forced_tokens": 0,
+                         "steps": 0, "requests_finished": 0, "requests_failed": 0}
+        log.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
+                 self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                 self.max_model_len)
+
+    def _pool_blocks(self, config: EngineConfig) -> int:
+        mc = self.loaded.config
+        if config.kv_cache_tokens is not None:
+            tokens = config.kv_cache_tokens
+        else:
+            per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * \
+                torch.tensor([], dtype=self.loaded.dtype).element_size()
+            tokens = min(_CPU_KV_CACHE_BYTES // per_token, config.max_num_seqs * self.max_model_len)
+        if tokens < self.block_size:
+            raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
+                             f"({self.block_size} tokens)")
+        return tokens // self.block_size
+
+    # -- requests --------------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> int:
+        """Queue one request; raises ValueError (and queues nothing) on bad input."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})")
+        rid = next(self._ids)
+        self.scheduler.add_request(
+            rid, prompt_ids, max_tokens=params.max_tokens, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, min_p=params.min_p, seed=params.seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
+            min_tokens=params.min_tokens)
+        self.requests[rid] = _Request(rid, prompt, list(prompt_ids), params,
+                                      IncrementalDetokenizer(self.tokenizer,
+                                                             params.skip_special_tokens))
+        self.counters["prompt_tokens"] += len(prompt_ids)
+        return rid
+
+    def abort(self, rid: int) -> None:
+        self.scheduler.abort(rid, "abort")
+        self.requests.pop(rid, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step --------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; return the requests that finished in it."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        self.counters["steps"] += 1
+        try:
+            logits = self._forward(plan)
+        except Exception as exc:  # one bad step must not take the engine down (rule 12)
+            log.exception("forward pass failed")
+            return self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
+        if logits is None:
+            return []
+        tokens, logprobs = self.scheduler.sample(logits)
+        return self._apply(self.scheduler.update(tokens), logprobs)
+
+    @torch.inference_mode()
+    def _forward(self, plan) -> np.ndarray | None:
+        dev = self.device
+        t = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)  # noqa: E731
+        meta = AttentionMetadata(
+            slot_mapping=t(plan.slot_mapping), block_tables=t(plan.block_tables),
+            context_lens=t(plan.context_lens), query_start_loc=t(plan.query_start_loc),
+            max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
+            block_size=self.block_size, is_decode_only=plan.is_decode_only)
+        hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
+        if len(plan.logits_indices) == 0:
+            return None
+        logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
+        return logits.float().cpu().numpy()
+
+    def _apply(self, events, logprobs) -> list[RequestOutput]:
+        finished = []
+        for (rid, token, reason, num_cached), lp in zip(events, logprobs.tolist()):
+            req = self.requests[rid]
+            req.output_ids.append(token)
+            req.logprobs.append(lp)
+            self.counters["generated_tokens"] += 1
+            if reason is None and self._hits_stop_string(req, token):
+                self.scheduler.abort(rid, "stop")
+                reason = "stop"
+            if reason is not None:
+                finished.append(self._finish(req, reason, num_cached))
+        return finished
+
+    def _hits_stop_string(self, req: _Request, token: int) -> bool:
+        delta = req.detok.push(token)
+        if not req.params.stop or not delta:
+            return False
+        longest = max(map(len, req.params.stop))
+        tail_start = max(0, len(req.detok.text) - len(delta) - longest + 1)
+        hits = [(i, s) for s in req.params.stop
+                if (i := req.detok.text.find(s, tail_start)) >= 0]
+        if hits:
+            req.stop_hit = min(hits)[1]
+            req.detok.text = req.detok.text[:min(hits)[0]]
+        return bool(hits)
+
+    def _finish(self, req: _Request, reason: str, num_cached: int,
+                error: str | None = None) -> RequestOutput:
+        self.requests.pop(req.id, None)
+        key = "requests_failed" if reason == "error" else "requests_finished"
+        self.counters[key] += 1
+        text = req.detok.text if req.stop_hit else self.tokenizer.decode(
+            self._visible(req, reason), req.params.skip_special_tokens)
+        return RequestOutput(request_id=req.id, prompt=req.prompt,
+                             prompt_token_ids=req.prompt_ids, text=text,
+                             token_ids=req.output_ids, finish_reason=reason,
+                             num_cached_tokens=num_cached, error=error,
+                             logprobs=req.logprobs)
+
+    def _visible(self, req: _Request, reason: str) -> list[int]:
+        """Output ids whose text the user sees: never the token that stopped it."""
+        ids = req.output_ids
+        stoppers = self.special.end_ids | set(req.params.stop_token_ids)
+        if reason == "stop" and ids and ids[-1] in stoppers:
+            return ids[:-1]
+        return ids
+
+    def _fail(self, rids: list[int], message: str) -> list[RequestOutput]:
+        out = []
+        for rid in rids:
+            self.scheduler.abort(rid, "error")
+            if rid in self.requests:
+                out.append(self._finish(self.requests[rid], "error", 0, message))
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, **self.scheduler.stats()}

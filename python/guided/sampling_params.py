@@ -1,0 +1,61 @@
+"""Per-request generation settings, checked where they enter."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the next token and when to stop.
+
+    temperature 0 is greedy. Penalties follow OpenAI (presence/frequency, over
+    generated tokens) and HF (repetition, over prompt and generated tokens).
+    Generation stops at any of the model's end tokens (unless ignore_eos), at
+    any of `stop_token_ids`, at the first occurrence of a `stop` string (which
+    is cut from the text) or after `max_tokens`.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field that is out of range."""
+        checks = [
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0,
+             f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (-2 <= self.presence_penalty <= 2,
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2,
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
+            (all(isinstance(s, str) and s for s in self.stop),
+             "stop must be a list of non-empty strings"),
+            (self.seed is None or isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)

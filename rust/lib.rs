@@ -1,0 +1,10 @@
+//! Native core of guided: everything that runs once per token for every
+//! sequence. Pure Rust; the PyO3 layer in `python.rs` only translates.
+
+pub mod block_manager;
+pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
+
+#[cfg(feature = "python")]
+mod python;
