@@ -43,7 +43,18 @@ class _Request:
     detok: IncrementalDetokenizer
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    stop_hit: str | None = None
+    emitted: int = 0  # characters of detok.text already handed out as deltas
+
+
+@dataclass
+class StepUpdate:
+    """What one step did for one request: its new token, the text that became
+    final, and the finished output when it ended."""
+
+    request_id: int
+    text: str
+    token_id: int | None
+    finished: RequestOutput | None
 
 
 class Engine:
@@ -121,8 +132,8 @@ class Engine:
 
     # -- the step --------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one engine step; return the requests that finished in it."""
+    def step(self) -> list[StepUpdate]:
+        """Run one engine step; one update per request that got a token (or failed)."""
         plan = self.scheduler.schedule()
         if plan is None:
             return []
@@ -152,61 +163,75 @@ class Engine:
         logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
         return logits.float().cpu().numpy()
 
-    def _apply(self, events, logprobs) -> list[RequestOutput]:
-        finished = []
+    def _apply(self, events, logprobs) -> list[StepUpdate]:
+        updates = []
         for (rid, token, reason, num_cached), lp in zip(events, logprobs.tolist()):
             req = self.requests[rid]
             req.output_ids.append(token)
             req.logprobs.append(lp)
             self.counters["generated_tokens"] += 1
-            if reason is None and self._hits_stop_string(req, token):
-                self.scheduler.abort(rid, "stop")
-                reason = "stop"
-            if reason is not None:
-                finished.append(self._finish(req, reason, num_cached))
-        return finished
+            # The token that stopped generation is control, never text (rule 1).
+            stopper = reason == "stop" and token in self._stoppers(req)
+            if not stopper:
+                req.detok.push(token)
+                if reason is None and self._cut_at_stop_string(req):
+                    self.scheduler.abort(rid, "stop")
+                    reason = "stop"
+            updates.append(self._update(req, token, reason, num_cached))
+        return updates
 
-    def _hits_stop_string(self, req: _Request, token: int) -> bool:
-        delta = req.detok.push(token)
-        if not req.params.stop or not delta:
+    def _stoppers(self, req: _Request) -> frozenset[int]:
+        if req.params.ignore_eos:
+            return frozenset(req.params.stop_token_ids)
+        return self.special.end_ids | frozenset(req.params.stop_token_ids)
+
+    def _cut_at_stop_string(self, req: _Request) -> bool:
+        """True (and the text cut before it) when a stop string has appeared."""
+        stops = req.params.stop
+        if not stops:
             return False
-        longest = max(map(len, req.params.stop))
-        tail_start = max(0, len(req.detok.text) - len(delta) - longest + 1)
-        hits = [(i, s) for s in req.params.stop
-                if (i := req.detok.text.find(s, tail_start)) >= 0]
+        text = req.detok.text
+        start = max(0, req.emitted - max(map(len, stops)))
+        hits = [i for s in stops if (i := text.find(s, start)) >= 0]
         if hits:
-            req.stop_hit = min(hits)[1]
-            req.detok.text = req.detok.text[:min(hits)[0]]
+            req.detok.text = text[:min(hits)]
         return bool(hits)
+
+    def _update(self, req: _Request, token: int, reason: str | None,
+                num_cached: int) -> StepUpdate:
+        """The text that became final this step. While a stop string could
+        still be completing, its possible beginning is held back."""
+        text = req.detok.text
+        end = len(text)
+        if reason is None and req.params.stop:
+            end = max(req.emitted, end - max(map(len, req.params.stop)) + 1)
+        delta, req.emitted = text[req.emitted:end], end
+        done = self._finish(req, reason, num_cached) if reason is not None else None
+        return StepUpdate(req.id, delta, token, done)
 
     def _finish(self, req: _Request, reason: str, num_cached: int,
                 error: str | None = None) -> RequestOutput:
         self.requests.pop(req.id, None)
         key = "requests_failed" if reason == "error" else "requests_finished"
         self.counters[key] += 1
-        text = req.detok.text if req.stop_hit else self.tokenizer.decode(
-            self._visible(req, reason), req.params.skip_special_tokens)
         return RequestOutput(request_id=req.id, prompt=req.prompt,
-                             prompt_token_ids=req.prompt_ids, text=text,
+                             prompt_token_ids=req.prompt_ids, text=req.detok.text,
                              token_ids=req.output_ids, finish_reason=reason,
                              num_cached_tokens=num_cached, error=error,
                              logprobs=req.logprobs)
 
-    def _visible(self, req: _Request, reason: str) -> list[int]:
-        """Output ids whose text the user sees: never the token that stopped it."""
-        ids = req.output_ids
-        stoppers = self.special.end_ids | set(req.params.stop_token_ids)
-        if reason == "stop" and ids and ids[-1] in stoppers:
-            return ids[:-1]
-        return ids
-
-    def _fail(self, rids: list[int], message: str) -> list[RequestOutput]:
+    def _fail(self, rids: list[int], message: str) -> list[StepUpdate]:
         out = []
         for rid in rids:
             self.scheduler.abort(rid, "error")
             if rid in self.requests:
-                out.append(self._finish(self.requests[rid], "error", 0, message))
+                done = self._finish(self.requests[rid], "error", 0, message)
+                out.append(StepUpdate(rid, "", None, done))
         return out
+
+    def fail_all(self, message: str) -> list[StepUpdate]:
+        """End every queued or running request with finish_reason "error"."""
+        return self._fail(list(self.requests), message)
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, **self.scheduler.stats()}

@@ -82,8 +82,9 @@ class LLM:
         done: dict[int, RequestOutput] = {}
         wanted = set(rids)
         while not wanted <= done.keys():
-            for out in self.engine.step():
-                done[out.request_id] = out
+            for update in self.engine.step():
+                if update.finished is not None:
+                    done[update.request_id] = update.finished
         return [done[r] for r in rids]
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,

@@ -1,1 +1,1 @@
-"""`python -m guided.serve` (the OpenAI-compatible server is a later issue)."""
+"""`python -m guided.serve`: the OpenAI-compatible HTTP server."""

