@@ -1,0 +1,297 @@
+//! Per-request token state.
+
+use crate::block_manager::SeqBlocks;
+use crate::sampling::{new_rng, SamplingParams, SeqRng};
+
+pub type SeqId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Waiting,
+    Running,
+    Finished,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+    Error,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+/// When to stop generating.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StopParams {
+    pub max_tokens: usize,
+    /// End tokens and stop tokens do not stop generation before this many
+    /// output tokens (and are not sampled before then).
+    pub min_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+/// A request as the client gave it, before validation: signed and wide types
+/// so that every bad value gets a clear message instead of an overflow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestParams {
+    pub max_tokens: i64,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub min_p: f64,
+    /// Any Python int comes in; only [0, 2**64) is accepted.
+    pub seed: Option<i128>,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub repetition_penalty: f64,
+    pub stop_token_ids: Vec<i64>,
+    pub ignore_eos: bool,
+    pub min_tokens: i64,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        RequestParams {
+            max_tokens: 16,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+        }
+    }
+}
+
+/// A request's validated parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validated {
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+    pub seed: Option<u64>,
+}
+
+impl RequestParams {
+    pub fn validate(&self) -> Result<Validated, String> {
+        if self.max_tokens < 1 {
+            return Err(format!("max_tokens must be at least 1, got {}", self.max_tokens));
+        }
+        if self.min_tokens < 0 {
+            return Err(format!("min_tokens must be >= 0, got {}", self.min_tokens));
+        }
+        if self.top_k < 0 {
+            return Err(format!("top_k must be >= 0 (0 disables it), got {}", self.top_k));
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature as f32,
+            top_p: self.top_p as f32,
+            top_k: usize::try_from(self.top_k).unwrap_or(usize::MAX),
+            min_p: self.min_p as f32,
+            presence_penalty: self.presence_penalty as f32,
+            frequency_penalty: self.frequency_penalty as f32,
+            repetition_penalty: self.repetition_penalty as f32,
+        };
+        sampling.validate()?;
+        let stop = StopParams {
+            max_tokens: self.max_tokens as usize,
+            min_tokens: self.min_tokens as usize,
+            stop_token_ids: token_ids("stop_token_ids", &self.stop_token_ids)?,
+            ignore_eos: self.ignore_eos,
+        };
+        let seed = match self.seed {
+            None => None,
+            Some(s) => Some(u64::try_from(s).map_err(|_| format!("seed must be in [0, 2**64), got {s}"))?),
+        };
+        Ok(Validated { sampling, stop, seed })
+    }
+}
+
+/// Token ids from Python ints, each in [0, 2**32).
+pub fn token_ids(what: &str, ids: &[i64]) -> Result<Vec<u32>, String> {
+    ids.iter()
+        .map(|&t| u32::try_from(t).map_err(|_| format!("{what} must be in [0, 2**32), got {t}")))
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub seq_id: SeqId,
+    /// Prompt followed by output.
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose KV is in the cache (or is written by the step in flight).
+    pub num_computed_tokens: usize,
+    pub blocks: SeqBlocks,
+    pub status: Status,
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+    pub rng: SeqRng,
+    /// Prefix-cache hit at first admission (reported to the user).
+    pub num_cached_tokens: Option<usize>,
+    /// Admission order among all requests, for FIFO and preemption.
+    pub arrival: u64,
+}
+
+impl Sequence {
+    pub fn new(
+        seq_id: SeqId,
+        prompt: Vec<u32>,
+        sampling: SamplingParams,
+        stop: StopParams,
+        seed: Option<u64>,
+        arrival: u64,
+    ) -> Self {
+        Sequence {
+            seq_id,
+            num_prompt_tokens: prompt.len(),
+            token_ids: prompt,
+            num_computed_tokens: 0,
+            blocks: SeqBlocks::default(),
+            status: Status::Waiting,
+            sampling,
+            stop,
+            rng: new_rng(seed),
+            num_cached_tokens: None,
+            arrival,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.token_ids[..self.num_prompt_tokens]
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    /// Tokens still to be fed to the model.
+    pub fn num_uncomputed(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// Tokens that stop generation: the end set (unless ignored) plus the
+    /// request's own stop tokens.
+    pub fn stoppers<'a>(&'a self, eos: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+        let eos: &[u32] = if self.stop.ignore_eos { &[] } else { eos };
+        eos.iter().chain(&self.stop.stop_token_ids).copied()
+    }
+
+    /// Stoppers may not be sampled until min_tokens outputs exist.
+    pub fn banned_tokens(&self, eos: &[u32]) -> Vec<u32> {
+        if self.num_output_tokens() < self.stop.min_tokens {
+            self.stoppers(eos).collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Append a sampled token; the reason to finish, if any. `max_len` is the
+    /// longest the sequence may get (context or KV pool, whichever is less).
+    pub fn append(&mut self, token: u32, eos: &[u32], max_len: usize) -> Option<FinishReason> {
+        self.token_ids.push(token);
+        let n = self.num_output_tokens();
+        if n > self.stop.min_tokens && self.stoppers(eos).any(|t| t == token) {
+            return Some(FinishReason::Stop);
+        }
+        if n >= self.stop.max_tokens || self.len() >= max_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(stop: StopParams) -> Sequence {
+        Sequence::new(1, vec![5, 6, 7], SamplingParams::default(), stop, Some(0), 0)
+    }
+
+    #[test]
+    fn stops_on_any_end_token_or_stop_token() {
+        let stop = StopParams { max_tokens: 10, stop_token_ids: vec![9], ..Default::default() };
+        assert_eq!(seq(stop.clone()).append(2, &[1, 2], 100), Some(FinishReason::Stop));
+        assert_eq!(seq(stop.clone()).append(9, &[1, 2], 100), Some(FinishReason::Stop));
+        assert_eq!(seq(stop).append(3, &[1, 2], 100), None);
+    }
+
+    #[test]
+    fn ignore_eos_keeps_stop_tokens() {
+        let stop = StopParams { max_tokens: 10, stop_token_ids: vec![9], ignore_eos: true, ..Default::default() };
+        let mut s = seq(stop);
+        assert_eq!(s.append(1, &[1], 100), None);
+        assert_eq!(s.append(9, &[1], 100), Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn length_by_max_tokens_or_context() {
+        let mut s = seq(StopParams { max_tokens: 2, ..Default::default() });
+        assert_eq!(s.append(3, &[], 100), None);
+        assert_eq!(s.append(3, &[], 100), Some(FinishReason::Length));
+        let mut s = seq(StopParams { max_tokens: 20, ..Default::default() });
+        assert_eq!(s.append(3, &[], 4), Some(FinishReason::Length));
+    }
+
+    #[test]
+    fn min_tokens_defers_stopping_and_bans_stoppers() {
+        let mut s = seq(StopParams { max_tokens: 10, min_tokens: 2, ..Default::default() });
+        assert_eq!(s.banned_tokens(&[1]), vec![1]);
+        assert_eq!(s.append(1, &[1], 100), None);
+        assert_eq!(s.append(1, &[1], 100), None);
+        assert!(s.banned_tokens(&[1]).is_empty());
+        assert_eq!(s.append(1, &[1], 100), Some(FinishReason::Stop));
+        assert_eq!(s.output(), &[1, 1, 1]);
+    }
+
+    #[test]
+    fn request_validation() {
+        let ok = RequestParams::default();
+        assert!(ok.validate().is_ok());
+        let bad = [
+            RequestParams { max_tokens: 0, ..ok.clone() },
+            RequestParams { min_tokens: -1, ..ok.clone() },
+            RequestParams { top_k: -1, ..ok.clone() },
+            RequestParams { top_p: 0.0, ..ok.clone() },
+            RequestParams { min_p: -0.5, ..ok.clone() },
+            RequestParams { temperature: -1.0, ..ok.clone() },
+            RequestParams { repetition_penalty: -1.0, ..ok.clone() },
+            RequestParams { stop_token_ids: vec![-3], ..ok.clone() },
+            RequestParams { seed: Some(-1), ..ok.clone() },
+            RequestParams { seed: Some(1 << 64), ..ok.clone() },
+        ];
+        for r in bad {
+            let err = r.validate().unwrap_err();
+            assert!(!err.is_empty());
+        }
+    }
+}

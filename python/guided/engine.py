@@ -167,6 +167,10 @@ class Engine:
         updates = []
         for (rid, token, reason, num_cached), lp in zip(events, logprobs.tolist()):
             req = self.requests[rid]
+            if token < 0:  # the mask allowed nothing: never an arbitrary token (rule 9)
+                updates.append(StepUpdate(rid, "", None, self._finish(
+                    req, "error", num_cached, "no token was allowed at this point")))
+                continue
             req.output_ids.append(token)
             req.logprobs.append(lp)
             self.counters["generated_tokens"] += 1

@@ -1,53 +1,113 @@
-"""Reading a GGUF file's metadata and tensors with the `gguf` package."""
+"""Reading GGUF files: metadata and (dequantised) tensors.
+
+The key/value section is parsed here directly rather than through
+gguf.GGUFReader, which builds a numpy view per array element (seconds for a
+150k-token vocabulary) and refuses files whose tensor data is cut short (the
+metadata-only DeepSeek part). Dequantisation is the `gguf` package's.
+"""
 from __future__ import annotations
 
+import mmap
+import struct
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+_MAGIC = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
 
-class _MetadataOnlyReader(GGUFReader):
-    """Skips mapping tensor data, so a truncated file (metadata-only part) still reads."""
 
-    def _build_tensors(self, start_offs, fields):  # noqa: D401 - overrides a gguf internal
-        self.tensors = []
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]   # torch order (outermost first)
+    qtype: GGMLQuantizationType
+    offset: int              # absolute, in the file
+
+
+class _Cursor:
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def scalar(self, fmt: str):
+        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.scalar("<I"), self.scalar("<Q")
+            if item == _STRING:
+                return [self.string() for _ in range(count)]
+            if item == _ARRAY:
+                return [self.value(_ARRAY) for _ in range(count)]
+            arr = np.frombuffer(self.buf, dtype=_NUMPY[item], count=count, offset=self.pos)
+            self.pos += arr.nbytes
+            return arr.tolist()
+        return self.scalar(_SCALARS[kind])
+
+
+class GGUFFile:
+    """A parsed GGUF: `metadata` (dict) and `tensors` (infos; data read on demand)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        cur = _Cursor(self._map)
+        if bytes(self._map[:4]) != _MAGIC:
+            raise ValueError(f"{path} is not a GGUF file")
+        cur.pos = 4
+        version = cur.scalar("<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: unsupported GGUF version {version}")
+        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        self.metadata: dict = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            self.metadata[key] = cur.value(cur.scalar("<I"))
+        self.metadata_end = cur.pos  # header + key/values; tensor infos follow
+        raw = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+            raw.append((name, tuple(reversed(dims)), GGMLQuantizationType(cur.scalar("<I")), cur.scalar("<Q")))
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = -(-cur.pos // align) * align
+        self.tensors = [TensorInfo(n, s, q, data_start + off) for n, s, q, off in raw]
+
+    def read(self, info: TensorInfo) -> np.ndarray:
+        """The tensor as float32 (or its stored float type), shaped in torch order."""
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        rows = int(np.prod(info.shape[:-1], dtype=np.int64))
+        row_bytes = info.shape[-1] // block * type_size
+        end = info.offset + rows * row_bytes
+        if end > len(self._map):
+            raise ValueError(f"{self.path}: tensor {info.name} runs past the end of the file (truncated?)")
+        data = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
+        if info.qtype == GGMLQuantizationType.F32:
+            return data.view(np.float32).reshape(info.shape)
+        if info.qtype == GGMLQuantizationType.F16:
+            return data.view(np.float16).reshape(info.shape)
+        return dequantize(data.reshape(*info.shape[:-1], row_bytes), info.qtype)
+
+    def iter_tensors(self) -> Iterator[tuple[TensorInfo, np.ndarray]]:
+        for info in self.tensors:
+            yield info, self.read(info)
 
 
 def read_metadata(path: str) -> dict:
-    """Every key/value as plain Python values (strings decoded, arrays as lists)."""
-    return _fields_to_dict(_MetadataOnlyReader(path))
-
-
-def open_gguf(path: str) -> tuple[dict, GGUFReader]:
-    reader = GGUFReader(path)
-    return _fields_to_dict(reader), reader
-
-
-def _fields_to_dict(reader: GGUFReader) -> dict:
-    out = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        out[name] = _field_value(field)
-    return out
-
-
-def _field_value(field):
-    kind = field.types[0] if field.types else None
-    if kind == GGUFValueType.ARRAY and len(field.types) > 1 and field.types[1] != GGUFValueType.STRING:
-        # numeric arrays (token types, scores): one numpy view instead of a Python loop
-        return np.concatenate([field.parts[i] for i in field.data]).tolist() if field.data else []
-    if kind == GGUFValueType.ARRAY:
-        return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-    if kind == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    value = field.parts[field.data[0]][0]
-    return value.item() if hasattr(value, "item") else value
-
-
-def iter_tensors(reader: GGUFReader) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, float array in torch's [out, in] order) for each tensor, dequantised."""
-    for t in reader.tensors:
-        yield t.name, dequantize(t.data, t.tensor_type)
+    return GGUFFile(path).metadata

