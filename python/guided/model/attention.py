@@ -4,6 +4,9 @@ The cache of one layer is a pair of [num_blocks, block_size, kv_heads, head_dim]
 tensors. New K/V rows are scattered in by slot id; a sequence's keys are read
 back by gathering its blocks through its block-table row.
 
+What depends only on the step (which blocks to gather, the masks) is worked out
+once per forward in an AttentionPlan and reused by every layer.
+
 Grouped-query attention is done without copying K/V per query head: the g query
 heads that share a kv head are stacked as extra query rows of that kv head, so
 SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
@@ -28,81 +31,122 @@ class AttentionMetadata:
     is_decode_only: bool
 
 
+@dataclass
+class _Gather:
+    """Which blocks to read for a group of sequences, and how far."""
+    blocks: torch.Tensor   # [S * nb] int64 (index_select is ~30x slower with int32 indices)
+    num_seqs: int
+    length: int            # positions kept per sequence (the longest context in the group)
+
+
+@dataclass
+class _DecodeGroup:
+    rows: torch.Tensor | None  # query rows of the group (None: all rows, in order)
+    gather: _Gather
+    mask: torch.Tensor         # [S, 1, 1, L] bool: position < context length
+
+
+@dataclass
+class _PrefillChunk:
+    start: int
+    end: int
+    gather: _Gather
+    mask: torch.Tensor         # [n, ctx] bool, causal, offset by the tokens cached before the chunk
+
+
+class AttentionPlan:
+    def __init__(self, attn: AttentionMetadata, device: torch.device):
+        self.block_size = attn.block_size
+        self.slot_mapping = attn.slot_mapping.to(device=device, dtype=torch.long)
+        self.decode: _DecodeGroup | None = None
+        self.prefills: list[_PrefillChunk] = []
+        tables = attn.block_tables.to(device=device, dtype=torch.long)
+        lens = attn.context_lens.to(device=device, dtype=torch.long)
+        if attn.is_decode_only:
+            self.decode = self._decode_group(None, tables, lens, attn.max_context_len)
+            return
+        self._plan_mixed(attn, tables, lens, device)
+
+    def _gather(self, tables: torch.Tensor, length: int) -> _Gather:
+        nb = -(-length // self.block_size)
+        return _Gather(tables[:, :nb].reshape(-1), tables.shape[0], length)
+
+    def _decode_group(self, rows, tables, lens, length) -> _DecodeGroup:
+        mask = torch.arange(length, device=tables.device)[None, :] < lens[:, None]
+        return _DecodeGroup(rows, self._gather(tables, length), mask[:, None, None, :])
+
+    def _plan_mixed(self, attn, tables, lens, device) -> None:
+        starts = attn.query_start_loc.tolist()
+        ctx_lens = attn.context_lens.tolist()
+        decode_seqs, decode_rows = [], []
+        for i, ctx in enumerate(ctx_lens):
+            s, e = starts[i], starts[i + 1]
+            if e - s == 1:
+                decode_seqs.append(i)
+                decode_rows.append(s)
+            elif e > s:
+                qpos = torch.arange(ctx - (e - s), ctx, device=device)
+                mask = torch.arange(ctx, device=device)[None, :] <= qpos[:, None]
+                self.prefills.append(_PrefillChunk(s, e, self._gather(tables[i:i + 1], ctx), mask))
+        if decode_seqs:
+            seqs = torch.tensor(decode_seqs, device=device)
+            self.decode = self._decode_group(
+                torch.tensor(decode_rows, device=device), tables.index_select(0, seqs),
+                lens.index_select(0, seqs), max(ctx_lens[i] for i in decode_seqs))
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             plan: AttentionPlan) -> None:
     """Scatter the new tokens' K/V ([T, kv, d]) into their cache slots."""
     kv, d = k_cache.shape[-2:]
-    k_cache.view(-1, kv, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv, d).index_copy_(0, slot_mapping, v)
+    k_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, k)
+    v_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, v)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                    plan: AttentionPlan, scale: float) -> torch.Tensor:
     """q: [T, H, d] for the new tokens (their K/V already written). Returns [T, H*d]."""
-    if attn.is_decode_only:
-        return _decode(q, k_cache, v_cache, attn.block_tables, attn.context_lens,
-                       attn.max_context_len, attn.block_size, scale)
-    return _mixed(q, k_cache, v_cache, attn, scale)
+    t, h, d = q.shape
+    group = plan.decode
+    if group is not None and group.rows is None:
+        return _decode(q, k_cache, v_cache, group, plan.block_size, scale)
+    out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
+    for chunk in plan.prefills:
+        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk,
+                                              plan.block_size, scale)
+    if group is not None:
+        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group,
+                                  plan.block_size, scale)
+    return out
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """[B, kv, length, d]: each sequence's first `length` cached positions, in one indexing op."""
-    nblocks = -(-length // block_size)
-    b = block_tables.shape[0]
+def _read(cache: torch.Tensor, g: _Gather, block_size: int) -> torch.Tensor:
+    """[S, kv, length, d]: the group's cached positions, gathered in one index_select."""
     kv, d = cache.shape[-2:]
-    # index_select over whole blocks (contiguous rows of bs*kv*d) is several times faster than
-    # advanced indexing with a 2-D index
-    blocks = cache.index_select(0, block_tables[:, :nblocks].reshape(-1))
-    return blocks.view(b, nblocks * block_size, kv, d)[:, :length].transpose(1, 2)
+    blocks = cache.index_select(0, g.blocks)
+    return blocks.view(g.num_seqs, -1, kv, d)[:, :g.length].transpose(1, 2)
 
 
-def _decode(q, k_cache, v_cache, block_tables, context_lens, max_len, block_size, scale):
+def _decode(q, k_cache, v_cache, group: _DecodeGroup, block_size: int, scale: float):
     """One new token per sequence: one batched SDPA, keys past each context masked out."""
     b, h, d = q.shape
     kv = k_cache.shape[-2]
-    keys = _gather(k_cache, block_tables, max_len, block_size)
-    values = _gather(v_cache, block_tables, max_len, block_size)
-    mask = torch.arange(max_len, device=q.device)[None, :] < context_lens[:, None].to(q.device)
-    out = F.scaled_dot_product_attention(
-        q.view(b, kv, h // kv, d), keys, values, attn_mask=mask[:, None, None, :], scale=scale)
+    keys = _read(k_cache, group.gather, block_size)
+    values = _read(v_cache, group.gather, block_size)
+    out = F.scaled_dot_product_attention(q.view(b, kv, h // kv, d), keys, values,
+                                         attn_mask=group.mask, scale=scale)
     return out.reshape(b, h * d)
 
 
-def _prefill_one(q, k_cache, v_cache, blocks, ctx, block_size, scale):
-    """One sequence's chunk of Q new tokens that end its `ctx` cached tokens; causal."""
+def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, block_size: int, scale: float):
+    """One sequence's chunk of n new tokens at the end of its cached context; causal."""
     n, h, d = q.shape
     kv = k_cache.shape[-2]
     g = h // kv
-    keys = _gather(k_cache, blocks[None], ctx, block_size)[0]      # [kv, ctx, d]
-    values = _gather(v_cache, blocks[None], ctx, block_size)[0]
+    keys = _read(k_cache, chunk.gather, block_size)[0]      # [kv, ctx, d]
+    values = _read(v_cache, chunk.gather, block_size)[0]
     # rows ordered (group member, query position) to match the stacked queries
     qg = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
-    qpos = torch.arange(ctx - n, ctx, device=q.device)
-    mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]   # [n, ctx]
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask.repeat(g, 1), scale=scale)
+    mask = chunk.mask if g == 1 else chunk.mask.repeat(g, 1)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
-
-
-def _mixed(q, k_cache, v_cache, attn, scale):
-    """Prefill chunks one by one; all single-token sequences together as one decode batch."""
-    t, h, d = q.shape
-    out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
-    starts = attn.query_start_loc.tolist()
-    ctx_lens = attn.context_lens.tolist()
-    decode_seqs, decode_rows = [], []
-    for i, ctx in enumerate(ctx_lens):
-        s, e = starts[i], starts[i + 1]
-        if e - s == 1:
-            decode_seqs.append(i)
-            decode_rows.append(s)
-        elif e > s:
-            out[s:e] = _prefill_one(q[s:e], k_cache, v_cache, attn.block_tables[i], ctx,
-                                    attn.block_size, scale)
-    if decode_seqs:
-        seqs = torch.tensor(decode_seqs, device=q.device)
-        rows = torch.tensor(decode_rows, device=q.device)
-        lens = attn.context_lens.index_select(0, seqs.to(attn.context_lens.device))
-        out[rows] = _decode(q.index_select(0, rows), k_cache, v_cache,
-                            attn.block_tables.index_select(0, seqs.to(attn.block_tables.device)),
-                            lens, max(ctx_lens[i] for i in decode_seqs), attn.block_size, scale)
-    return out

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMetadata, paged_attention, write_kv
+from .attention import AttentionMetadata, AttentionPlan, paged_attention, write_kv
 from .config import ModelConfig
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
 
@@ -51,7 +51,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, False)
         self.down_proj = _linear(c.intermediate_size, c.hidden_size, False)
 
-    def forward(self, x, cos, sin, kv_cache: KVCache, attn: AttentionMetadata):
+    def forward(self, x, cos, sin, kv_cache: KVCache, plan: AttentionPlan):
         t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -62,8 +62,8 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, attn.slot_mapping)
-        x = x + self.o_proj(paged_attention(q, k_cache, v_cache, attn, self.scale))
+        write_kv(k_cache, v_cache, k, v, plan)
+        x = x + self.o_proj(paged_attention(q, k_cache, v_cache, plan, self.scale))
         gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
@@ -91,9 +91,10 @@ class CausalLM(nn.Module):
                 kv_caches: list[KVCache], attn: AttentionMetadata) -> torch.Tensor:
         self.rotary.ensure(attn.max_context_len)
         cos, sin = self.rotary.cos_sin(positions)
+        plan = AttentionPlan(attn, input_ids.device)
         x = self.embed_tokens(input_ids)
         for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, cache, attn)
+            x = layer(x, cos, sin, cache, plan)
         return self.norm(x)
 
     @torch.inference_mode()

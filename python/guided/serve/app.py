@@ -95,8 +95,13 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
                 yield update
 
         if stream_body is not None:
-            return StreamingResponse(sse(stream_body(updates(), finished)),
-                                     media_type="text/event-stream")
+            async def body():
+                try:
+                    async for event in sse(stream_body(updates(), finished)):
+                        yield event
+                finally:  # runs on client disconnect too: aborts the request at once
+                    await stream.aclose()
+            return StreamingResponse(body(), media_type="text/event-stream")
         last = first
         async for update in updates():
             last = update

@@ -70,7 +70,8 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._drain_inbox()
+            if self._drain_inbox():
+                self.stats = self.engine.stats()
             if not self.engine.has_unfinished():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -84,12 +85,15 @@ class AsyncEngine:
             for update in updates:
                 self._deliver(update)
 
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self) -> bool:
+        """Admit new requests and apply aborts; True if there were any."""
+        drained = False
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                return drained
+            drained = True
             if isinstance(item, int):
                 self.engine.abort(item)
                 self._streams.pop(item, None)
