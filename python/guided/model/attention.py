@@ -13,7 +13,7 @@ SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +34,12 @@ class AttentionMetadata:
 @dataclass
 class _Gather:
     """Which blocks to read for a group of sequences, and how far."""
-    blocks: torch.Tensor   # [S * nb] int64 (index_select is ~30x slower with int32 indices)
+    blocks: torch.Tensor   # [S * nb] int64: each sequence's blocks, flattened
     num_seqs: int
     length: int            # positions kept per sequence (the longest context in the group)
+    # K and V land in the same two buffers in every layer: a fresh multi-MB tensor per layer
+    # costs a page-faulting allocation that took longer than the copy itself
+    buffers: list[torch.Tensor | None] = field(default_factory=lambda: [None, None])
 
 
 @dataclass
@@ -109,42 +112,43 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     t, h, d = q.shape
     group = plan.decode
     if group is not None and group.rows is None:
-        return _decode(q, k_cache, v_cache, group, plan.block_size, scale)
+        return _decode(q, k_cache, v_cache, group, scale)
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
     for chunk in plan.prefills:
-        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk,
-                                              plan.block_size, scale)
+        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scale)
     if group is not None:
-        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group,
-                                  plan.block_size, scale)
+        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scale)
     return out
 
 
-def _read(cache: torch.Tensor, g: _Gather, block_size: int) -> torch.Tensor:
+def _read(cache: torch.Tensor, g: _Gather, which: int) -> torch.Tensor:
     """[S, kv, length, d]: the group's cached positions, gathered in one index_select."""
     kv, d = cache.shape[-2:]
-    blocks = cache.index_select(0, g.blocks)
-    return blocks.view(g.num_seqs, -1, kv, d)[:, :g.length].transpose(1, 2)
+    buf = g.buffers[which]
+    if buf is None or buf.dtype != cache.dtype:
+        buf = g.buffers[which] = cache.new_empty((g.blocks.numel(), *cache.shape[1:]))
+    torch.index_select(cache, 0, g.blocks, out=buf)
+    return buf.view(g.num_seqs, -1, kv, d)[:, :g.length].transpose(1, 2)
 
 
-def _decode(q, k_cache, v_cache, group: _DecodeGroup, block_size: int, scale: float):
+def _decode(q, k_cache, v_cache, group: _DecodeGroup, scale: float):
     """One new token per sequence: one batched SDPA, keys past each context masked out."""
     b, h, d = q.shape
     kv = k_cache.shape[-2]
-    keys = _read(k_cache, group.gather, block_size)
-    values = _read(v_cache, group.gather, block_size)
+    keys = _read(k_cache, group.gather, 0)
+    values = _read(v_cache, group.gather, 1)
     out = F.scaled_dot_product_attention(q.view(b, kv, h // kv, d), keys, values,
                                          attn_mask=group.mask, scale=scale)
     return out.reshape(b, h * d)
 
 
-def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, block_size: int, scale: float):
+def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scale: float):
     """One sequence's chunk of n new tokens at the end of its cached context; causal."""
     n, h, d = q.shape
     kv = k_cache.shape[-2]
     g = h // kv
-    keys = _read(k_cache, chunk.gather, block_size)[0]      # [kv, ctx, d]
-    values = _read(v_cache, chunk.gather, block_size)[0]
+    keys = _read(k_cache, chunk.gather, 0)[0]      # [kv, ctx, d]
+    values = _read(v_cache, chunk.gather, 1)[0]
     # rows ordered (group member, query position) to match the stacked queries
     qg = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
     mask = chunk.mask if g == 1 else chunk.mask.repeat(g, 1)
