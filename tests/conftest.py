@@ -20,10 +20,11 @@ def default_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def llm():
-    """The default model with a small KV pool, shared by tests that do not
-    need special engine settings (they must leave it idle when done)."""
+    """The default model in fp32 (exact parity with transformers) with a small
+    KV pool, shared by tests that need no special engine settings; they must
+    leave it idle when done."""
     from guided import LLM
-    return LLM(max_num_seqs=32, kv_cache_tokens=16384)
+    return LLM(dtype="float32", max_num_seqs=32, kv_cache_tokens=16384)
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,9 @@ def test_batch_of_16_matches_each_alone(llm):
 
 def test_prefix_cache_hit_and_same_output():
     shared = " ".join(f"item{i}" for i in range(120))  # well over 200 tokens
-    cached = LLM(max_num_seqs=4, kv_cache_tokens=4096)
-    uncached = LLM(max_num_seqs=4, kv_cache_tokens=4096, enable_prefix_caching=False)
+    cached = LLM(dtype="float32", max_num_seqs=4, kv_cache_tokens=4096)
+    uncached = LLM(dtype="float32", max_num_seqs=4, kv_cache_tokens=4096,
+                   enable_prefix_caching=False)
     prefix_ids = cached.tokenizer.encode(shared)[:200]
     first = prefix_ids + cached.tokenizer.encode(" first", parse_special=False)
     second = prefix_ids + cached.tokenizer.encode(" second ending", parse_special=False)
@@ -60,7 +61,7 @@ def test_prefix_cache_hit_and_same_output():
 
 def test_preemption_finishes_everything_with_same_output(llm):
     # 16 requests of ~40 prompt + 48 new tokens need ~16*6 blocks; give 24.
-    small = LLM(max_num_seqs=16, kv_cache_tokens=24 * 16)
+    small = LLM(dtype="float32", max_num_seqs=16, kv_cache_tokens=24 * 16)
     params = greedy(48)
     tight = small.generate(BATCH_PROMPTS, params)
     ample = llm.generate(BATCH_PROMPTS, params)

