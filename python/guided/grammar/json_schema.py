@@ -1,0 +1,1006 @@
+"""JSON Schema → one llguidance grammar entry: sanitising and the whitespace policy.
+
+``json_schema_grammar(schema, whitespace=None)`` returns ``{"json_schema": ...}``,
+which the grammar composer embeds as one entry of ``{"grammars": [...]}``.
+
+Sanitising
+----------
+llguidance's JSON compiler refuses a number of JSON Schema keywords. Instead of
+failing the request (or, worse, ignoring them as its ``lenient`` option does,
+which lets through instances that break the schema), we rewrite the schema into
+one llguidance accepts whose set of accepted instances is **the same or a
+subset** of the original's. Never a superset: an instance the engine lets
+through always validates against the client's schema.
+
+* Annotations that do not constrain values are dropped (title, description,
+  examples, $comment, default, deprecated, readOnly, writeOnly, ...), as are
+  the client's own ``x-guidance`` options (they could relax the grammar).
+* ``format`` values llguidance does not know are dropped: JSON Schema treats an
+  unknown format as an annotation, and validators do not assert it.
+* ``not S`` becomes a schema for (a subset of) the complement of S, built by
+  De Morgan over S's keywords (types, enum/const, required, properties, ranges,
+  lengths, anyOf/allOf, $ref). Parts that have no expressible complement
+  (patterns, multipleOf, ...) are left out, which only narrows the result.
+* ``oneOf`` becomes ``anyOf`` when its options are provably disjoint (types,
+  const/enum values, required discriminator properties); otherwise each option
+  is intersected with the complements of the options it may overlap.
+* ``if/then/else`` becomes ``(if ∧ then) ∨ (¬if ∧ else)``; ``dependencies``,
+  ``dependentRequired`` and ``dependentSchemas`` become ``¬has(p) ∨ (...)``.
+* ``contains`` is exact when every allowed item satisfies it (then it only
+  means ``minItems ≥ 1``); otherwise the first item must satisfy it (subset).
+* ``uniqueItems: true`` keeps exactly-one-value arrays exact and otherwise
+  caps the array at one item (subset; a note is logged).
+* ``minProperties``/``maxProperties`` that llguidance cannot handle are
+  rewritten when exact (enough required or listed properties) or narrowed.
+* ``unevaluatedProperties: false`` becomes ``additionalProperties: false``
+  (subset), ``propertyNames`` is applied to the listed properties when no
+  other property may appear.
+
+Every dropped or narrowed constraint is logged (logger ``guided.grammar``) and
+listed by ``sanitize_json_schema``.
+
+Whitespace policy
+-----------------
+Unbounded whitespace lets a model that likes newlines pad a JSON value until
+max_tokens. The default (``whitespace=None``) allows, between any two JSON
+tokens, at most one whitespace run of either up to 8 spaces/tabs, or one
+newline (optionally ``\\r\\n``) followed by up to 64 spaces/tabs of indentation.
+Compact JSON and ``json.dumps(obj, indent=2 or 4)`` (up to 16 levels at 4, 32
+at 2) are accepted; blank lines and runs of spaces are not, so whitespace per
+position is bounded. Separators are ``,`` and ``:`` with the run around them.
+
+``whitespace`` overrides it per request: ``"compact"`` (no whitespace at all),
+``"flexible"`` (llguidance's default: any run of JSON whitespace) or any other
+string, used as the regex of one whitespace run.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger("guided.grammar")
+
+#: the default whitespace run between JSON tokens (see the module docstring)
+BOUNDED_WHITESPACE = r"[\x20\x09]{1,8}|\r?\n[\x20\x09]{0,64}"
+
+# Formats llguidance 1.9 implements (src/json/formats.rs); others are annotations.
+_KNOWN_FORMATS = frozenset({
+    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri",
+    "unknown",
+})
+
+# Keywords with no effect on which instances validate.
+_ANNOTATIONS = frozenset({
+    "title", "description", "examples", "example", "$comment", "default", "deprecated",
+    "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "contentSchema",
+    "x-guidance", "discriminator", "nullable_note", "markdownDescription", "errorMessage",
+    "enumDescriptions", "markdownEnumDescriptions", "deprecationMessage", "$vocabulary",
+})
+
+_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+_STRING_KW = ("minLength", "maxLength", "pattern", "format")
+_NUMBER_KW = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_ARRAY_KW = ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains",
+             "uniqueItems", "minContains", "maxContains")
+_OBJECT_KW = ("properties", "patternProperties", "additionalProperties", "required",
+              "minProperties", "maxProperties", "propertyNames", "dependencies",
+              "dependentRequired", "dependentSchemas")
+
+_MAX_NEG_DEPTH = 6
+_MAX_COMBINATIONS = 64
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def json_schema_grammar(schema: dict | bool, whitespace: str | None = None) -> dict:
+    """One llguidance grammar entry for ``schema``: ``{"json_schema": sanitized}``.
+
+    ``whitespace``: None (bounded, the default), "compact", "flexible", or a
+    regex for one whitespace run. Raises ValueError on a schema that is not a
+    JSON object/boolean.
+    """
+    sanitized, notes = sanitize_json_schema(schema)
+    for note in notes:
+        log.info("json schema: %s", note)
+    if sanitized is True:
+        sanitized = {}
+    elif sanitized is False:
+        raise ValueError("the JSON schema accepts no instance (after rewriting: "
+                         + "; ".join(notes[-3:]) + ")")
+    sanitized["x-guidance"] = whitespace_options(whitespace)
+    return {"json_schema": sanitized}
+
+
+def whitespace_options(whitespace: str | None = None) -> dict:
+    """llguidance JSON options (``x-guidance``) for a whitespace policy."""
+    opts: dict[str, Any] = {"item_separator": ",", "key_separator": ":", "lenient": False,
+                            "coerce_one_of": False}
+    if whitespace is None or whitespace == "bounded":
+        opts.update(whitespace_flexible=False, whitespace_pattern=BOUNDED_WHITESPACE)
+    elif whitespace == "compact":
+        opts.update(whitespace_flexible=False)
+    elif whitespace == "flexible":
+        opts.update(whitespace_flexible=True)
+    elif isinstance(whitespace, str) and whitespace:
+        opts.update(whitespace_flexible=False, whitespace_pattern=whitespace)
+    else:
+        raise ValueError(f"whitespace must be 'compact', 'flexible' or a regex, not {whitespace!r}")
+    return opts
+
+
+def sanitize_json_schema(schema: dict | bool) -> tuple[dict | bool, list[str]]:
+    """(an equivalent or narrower schema llguidance accepts, notes on what was narrowed)."""
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError("a JSON schema must be an object or a boolean")
+    s = _Sanitizer(copy.deepcopy(schema))
+    out = s.run()
+    return out, s.notes
+
+
+# --------------------------------------------------------------------------------------------
+
+def _canon(v: Any) -> str:
+    """A canonical key for a JSON value (1 and 1.0 are the same number)."""
+    def norm(x):
+        if isinstance(x, bool) or x is None or isinstance(x, str):
+            return x
+        if isinstance(x, float) and x.is_integer():
+            return int(x)
+        if isinstance(x, dict):
+            return {k: norm(x[k]) for k in sorted(x)}
+        if isinstance(x, list):
+            return [norm(i) for i in x]
+        return x
+    return json.dumps(norm(v), sort_keys=True)
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer()):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def _any_of(options: list) -> Any:
+    """anyOf over options, simplified (True absorbs, False vanishes)."""
+    opts = [o for o in options if o is not False and o != {"enum": []}]
+    if any(o is True or o == {} for o in opts):
+        return True
+    if not opts:
+        return False
+    if len(opts) == 1:
+        return opts[0]
+    return {"anyOf": opts}
+
+
+def _all_of(options: list) -> Any:
+    opts = [o for o in options if o is not True and o != {}]
+    if any(o is False for o in opts):
+        return False
+    if not opts:
+        return True
+    if len(opts) == 1:
+        return opts[0]
+    return {"allOf": opts}
+
+
+def _schema(x: Any) -> Any:
+    """Booleans as schemas llguidance takes everywhere."""
+    if x is True:
+        return {}
+    if x is False:
+        return False
+    return x
+
+
+class _Sanitizer:
+    def __init__(self, root: Any):
+        self.root = root
+        self.notes: list[str] = []
+        self.ids: dict[str, str] = {}
+        self._neg_walks = 0  # nesting of walks started by neg() (refs can be recursive)
+
+    # ---- references -------------------------------------------------------------------
+
+    def run(self):
+        root = self.root
+        if isinstance(root, bool):
+            return root
+        for key in ("$id", "id"):
+            rid = root.get(key)
+            if isinstance(rid, str) and rid:
+                self.ids[rid.rstrip("#")] = ""
+        self._collect_ids(root, "")
+        out = self.walk(root, "#")
+        # refs to the document itself by its own $id become local
+        return out
+
+    def _collect_ids(self, node, pointer):
+        """Sub-schemas with an absolute $id: a ref to that id means this pointer."""
+        if isinstance(node, dict):
+            for k, v in node.items():
+                p = pointer + "/" + k.replace("~", "~0").replace("/", "~1")
+                if k in ("properties", "patternProperties", "definitions", "$defs",
+                         "dependentSchemas") and isinstance(v, dict):
+                    for name, sub in v.items():
+                        sp = p + "/" + name.replace("~", "~0").replace("/", "~1")
+                        if isinstance(sub, dict):
+                            sid = sub.get("$id") or sub.get("id")
+                            if isinstance(sid, str) and "://" in sid:
+                                self.ids.setdefault(sid.rstrip("#"), sp)
+                        self._collect_ids(sub, sp)
+                elif isinstance(v, (dict, list)) and k not in ("enum", "const", "examples",
+                                                              "default"):
+                    self._collect_ids(v, p)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                self._collect_ids(v, f"{pointer}/{i}")
+
+    def local_ref(self, ref: str) -> str | None:
+        """The ref as a local JSON pointer ("#/..."), or None when it points elsewhere."""
+        if ref.startswith("#"):
+            return ref
+        base, _, frag = ref.partition("#")
+        base = base.rstrip("/")
+        if base in self.ids:
+            return "#" + self.ids[base] + frag
+        return None
+
+    def resolve(self, ref: str) -> Any:
+        """The (unsanitised) schema a local ref points at, or raise _Unsupported."""
+        local = self.local_ref(ref)
+        if local is None:
+            raise _Unsupported(f"$ref {ref!r} is not local")
+        node = self.root
+        frag = local[1:]
+        if frag in ("", "/"):
+            return node
+        if not frag.startswith("/"):
+            # a plain-name anchor ($anchor / id "#foo")
+            found = self._find_anchor(self.root, frag)
+            if found is None:
+                raise _Unsupported(f"$ref {ref!r}: anchor not found")
+            return found
+        for part in frag[1:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            from urllib.parse import unquote
+            part = unquote(part)
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise _Unsupported(f"$ref {ref!r} does not resolve")
+        return node
+
+    def _find_anchor(self, node, name):
+        if isinstance(node, dict):
+            if node.get("$anchor") == name or node.get("$id") == "#" + name or node.get("id") == "#" + name:
+                return node
+            for k, v in node.items():
+                if k in ("enum", "const", "examples", "default"):
+                    continue
+                r = self._find_anchor(v, name)
+                if r is not None:
+                    return r
+        elif isinstance(node, list):
+            for v in node:
+                r = self._find_anchor(v, name)
+                if r is not None:
+                    return r
+        return None
+
+    # ---- the walk -----------------------------------------------------------------------
+
+    def note(self, path: str, msg: str):
+        self.notes.append(f"{path}: {msg}")
+
+    def walk(self, node: Any, path: str) -> Any:
+        if isinstance(node, bool):
+            return node
+        if not isinstance(node, dict):
+            # not a schema: leave it to llguidance to reject
+            return node
+        node = dict(node)
+        for k in list(node):
+            if k in _ANNOTATIONS:
+                del node[k]
+        # children first
+        for k in ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas"):
+            if isinstance(node.get(k), dict):
+                node[k] = {n: self.walk(v, f"{path}/{k}/{n}") for n, v in node[k].items()}
+        for k in ("additionalProperties", "additionalItems", "contains", "not", "if", "then",
+                  "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"):
+            if k in node and isinstance(node[k], (dict, bool)):
+                node[k] = self.walk(node[k], f"{path}/{k}")
+        if isinstance(node.get("items"), (dict, bool)):
+            node["items"] = self.walk(node["items"], f"{path}/items")
+        elif isinstance(node.get("items"), list):
+            node["items"] = [self.walk(v, f"{path}/items/{i}") for i, v in enumerate(node["items"])]
+        for k in ("anyOf", "allOf", "oneOf", "prefixItems"):
+            if isinstance(node.get(k), list):
+                node[k] = [self.walk(v, f"{path}/{k}/{i}") for i, v in enumerate(node[k])]
+        if isinstance(node.get("dependencies"), dict):
+            node["dependencies"] = {n: (self.walk(v, f"{path}/dependencies/{n}")
+                                        if isinstance(v, (dict, bool)) else v)
+                                    for n, v in node["dependencies"].items()}
+        return self.rewrite(node, path)
+
+    def rewrite(self, node: dict, path: str) -> Any:
+        extra: list = []  # conjuncts added to allOf
+
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            local = self.local_ref(ref)
+            if local is None:
+                self.note(path, f"$ref {ref!r} cannot be resolved; the schema is refused")
+                raise ValueError(f"unsupported $ref {ref!r} (only references inside the schema)")
+            node["$ref"] = local
+
+        fmt = node.get("format")
+        if fmt is not None and fmt not in _KNOWN_FORMATS:
+            del node["format"]
+            self.note(path, f"format {fmt!r} dropped (not asserted by JSON Schema validators)")
+
+        if node.get("uniqueItems") is not True:
+            node.pop("uniqueItems", None)
+        else:
+            del node["uniqueItems"]
+            if not self._single_valued_items(node):
+                mx = node.get("maxItems")
+                if not (isinstance(mx, (int, float)) and mx <= 1):
+                    node["maxItems"] = 1
+                    self.note(path, "uniqueItems: arrays limited to one item")
+
+        if "contains" in node:
+            self._rewrite_contains(node, path)
+
+        if "not" in node:
+            neg = self.neg(node.pop("not"), 0)
+            if neg is None:
+                self.note(path, "'not' has no expressible complement: nothing matches here")
+                neg = False
+            extra.append(neg)
+
+        if "if" in node or "then" in node or "else" in node:
+            cond = node.pop("if", True)
+            then = node.pop("then", True)
+            els = node.pop("else", True)
+            if cond is True or cond == {}:
+                extra.append(_schema(then))
+            elif cond is False:
+                extra.append(_schema(els))
+            else:
+                ncond = self.neg(cond, 0)
+                if ncond is None:
+                    self.note(path, "if/then/else: the complement of 'if' is not expressible; "
+                                    "only instances matching 'if' and 'then' are accepted")
+                    branches = [_all_of([_schema(cond), _schema(then)])]
+                else:
+                    branches = [_all_of([_schema(cond), _schema(then)]), _all_of([ncond, _schema(els)])]
+                extra.append(_any_of(branches))
+
+        deps = {}
+        if isinstance(node.get("dependencies"), dict):
+            deps.update(node.pop("dependencies"))
+        if isinstance(node.get("dependentRequired"), dict):
+            deps.update(node.pop("dependentRequired"))
+        if isinstance(node.get("dependentSchemas"), dict):
+            for k, v in node.pop("dependentSchemas").items():
+                deps[k] = v if k not in deps else _all_of([deps[k], v])
+        for prop, dep in deps.items():
+            absent = {"properties": {prop: False}}
+            if isinstance(dep, list):
+                present = {"required": [prop] + [d for d in dep if d != prop]}
+            else:
+                present = _all_of([{"required": [prop]}, _schema(dep)])
+            extra.append(_any_of([absent, present]))
+
+        if "oneOf" in node:
+            extra.append(self._rewrite_one_of(node.pop("oneOf"), path))
+
+        if node.get("unevaluatedProperties") is not None:
+            up = node.pop("unevaluatedProperties")
+            if up is not True and up != {}:
+                if "additionalProperties" not in node:
+                    node["additionalProperties"] = up
+                    self.note(path, "unevaluatedProperties treated as additionalProperties")
+        if node.get("unevaluatedItems") is not None:
+            ui = node.pop("unevaluatedItems")
+            if ui is not True and ui != {}:
+                if "items" not in node or isinstance(node.get("items"), list):
+                    key = "additionalItems" if isinstance(node.get("items"), list) else "items"
+                    node.setdefault(key, ui)
+                    self.note(path, "unevaluatedItems treated as items")
+
+        if "propertyNames" in node:
+            self._rewrite_property_names(node, path)
+
+        for k in ("minContains", "maxContains"):
+            node.pop(k, None)
+
+        self._rewrite_min_max_properties(node, path)
+
+        if extra:
+            node = dict(node)
+            allof = list(node.get("allOf", []))
+            allof.extend(e if e is not True else {} for e in extra)
+            if any(a is False for a in allof):
+                return False
+            node["allOf"] = [a for a in allof if a != {}] or [{}]
+        return node
+
+    # ---- individual keywords --------------------------------------------------------------
+
+    def _single_valued_items(self, node: dict) -> bool:
+        items = node.get("items")
+        if isinstance(items, dict):
+            if "const" in items:
+                node["maxItems"] = min(node.get("maxItems", 1), 1)
+                return True
+            if isinstance(items.get("enum"), list) and len(items["enum"]) == 1:
+                node["maxItems"] = min(node.get("maxItems", 1), 1)
+                return True
+        return False
+
+    def _rewrite_contains(self, node: dict, path: str):
+        contains = node.pop("contains")
+        min_c = node.pop("minContains", 1)
+        max_c = node.pop("maxContains", None)
+        if max_c is not None:
+            self.note(path, "maxContains not enforced exactly: arrays limited to maxContains items")
+            mx = node.get("maxItems")
+            node["maxItems"] = max_c if mx is None else min(mx, max_c)
+        if min_c == 0:
+            return
+        items = node.get("items", True)
+        uniform = "prefixItems" not in node and not isinstance(items, list)
+        if contains is True or contains == {} or (uniform and self._implies(items, contains)):
+            node["minItems"] = max(node.get("minItems", 0), min_c)
+            return
+        if contains is False:
+            # no array can contain a match
+            node["maxItems"] = 0
+            node["minItems"] = max(node.get("minItems", 0), 1)
+            return
+        # the first min_c items must satisfy 'contains' (a subset of the valid arrays)
+        self.note(path, "contains: the first item(s) must match (narrower than the schema)")
+        prefix = node.pop("prefixItems", None)
+        tuple_items = node.get("items") if isinstance(node.get("items"), list) else None
+        if tuple_items is not None:
+            prefix = node.pop("items")
+            rest = node.pop("additionalItems", True)
+            node["items"] = rest
+        prefix = list(prefix or [])
+        rest_items = node.get("items", True)
+        for i in range(min_c):
+            base = prefix[i] if i < len(prefix) else rest_items
+            entry = _all_of([_schema(base), _schema(contains)])
+            if i < len(prefix):
+                prefix[i] = entry
+            else:
+                prefix.append(entry)
+        node["prefixItems"] = prefix
+        node["minItems"] = max(node.get("minItems", 0), min_c)
+
+    def _implies(self, a: Any, b: Any) -> bool:
+        """Whether every instance of a is an instance of b (conservative)."""
+        if b is True or b == {}:
+            return True
+        if _canon(a) == _canon(b):
+            return True
+        if isinstance(b, dict) and set(b) == {"type"} and isinstance(a, dict):
+            ta = self.types(a, 0)
+            tb = self._type_set(b["type"])
+            return ta is not None and ta <= tb
+        return False
+
+    def _rewrite_property_names(self, node: dict, path: str):
+        pn = node.pop("propertyNames")
+        if pn is True or pn == {}:
+            return
+        ap = node.get("additionalProperties", True)
+        props = node.get("properties", {})
+        if (ap is False or ap == {"not": {}}) and not node.get("patternProperties"):
+            # only the listed names can appear: forbid those that break propertyNames
+            if isinstance(pn, dict) and set(pn) <= {"type", "enum", "const", "minLength", "maxLength"}:
+                import re as _re  # noqa: F401
+                for name in list(props):
+                    if not self._string_matches(pn, name):
+                        props[name] = False
+                node["properties"] = props
+                return
+        if isinstance(pn, dict) and isinstance(pn.get("enum"), list) and set(pn) <= {"enum", "type"}:
+            names = [n for n in pn["enum"] if isinstance(n, str)]
+            newprops = {n: props.get(n, ap if ap is not None else True) for n in names}
+            for n in props:
+                if n not in newprops:
+                    newprops[n] = False
+            node["properties"] = newprops
+            node["additionalProperties"] = False
+            node.pop("patternProperties", None) if not node.get("patternProperties") else None
+            if node.get("patternProperties"):
+                node["patternProperties"] = {}
+            return
+        if isinstance(pn, dict) and "const" in pn and set(pn) <= {"const", "type"}:
+            name = pn["const"]
+            node["properties"] = {n: (v if n == name else False) for n, v in props.items()}
+            node["properties"].setdefault(name, ap)
+            node["additionalProperties"] = False
+            node.pop("patternProperties", None)
+            return
+        # keep only the listed properties that fit, no others
+        self.note(path, "propertyNames: only listed properties whose names fit are allowed")
+        node["properties"] = {n: (v if self._string_matches(pn, n) else False)
+                              for n, v in props.items()}
+        node["additionalProperties"] = False
+        node.pop("patternProperties", None)
+
+    def _string_matches(self, pn: Any, name: str) -> bool:
+        """Conservative: False unless name surely satisfies pn."""
+        if pn is True or pn == {}:
+            return True
+        if not isinstance(pn, dict):
+            return False
+        for k, v in pn.items():
+            if k == "type":
+                if "string" not in self._type_set(v):
+                    return False
+            elif k == "enum":
+                if name not in v:
+                    return False
+            elif k == "const":
+                if name != v:
+                    return False
+            elif k == "minLength":
+                if len(name) < v:
+                    return False
+            elif k == "maxLength":
+                if len(name) > v:
+                    return False
+            elif k == "pattern":
+                import re
+                try:
+                    if not re.search(v, name):
+                        return False
+                except re.error:
+                    return False
+            elif k in _ANNOTATIONS or k == "format":
+                continue
+            else:
+                return False
+        return True
+
+    def _rewrite_min_max_properties(self, node: dict, path: str):
+        mn, mx = node.get("minProperties"), node.get("maxProperties")
+        if mn is None and mx is None:
+            return
+        required = set(node.get("required") or [])
+        props = node.get("properties") or {}
+        closed = node.get("additionalProperties", True) is False and not node.get("patternProperties")
+        if mn is not None:
+            if mn <= len(required) or mn <= 0:
+                node.pop("minProperties")
+            elif props:
+                optional = [p for p in props if p not in required and props[p] is not False]
+                need = mn - len(required)
+                combos = list(itertools.islice(itertools.combinations(optional, need),
+                                               _MAX_COMBINATIONS + 1))
+                if need <= len(optional) and combos and len(combos) <= _MAX_COMBINATIONS:
+                    node.pop("minProperties")
+                    branch = _any_of([{"required": list(c)} for c in combos])
+                    node.setdefault("allOf", []).append(branch)
+                    if not closed:
+                        self.note(path, "minProperties: met by listed properties only (narrower)")
+        if mx is not None:
+            listed = [p for p in props if props[p] is not False]
+            if closed and len(listed) <= mx:
+                node.pop("maxProperties")
+            elif mx >= len(required) and props is not None and closed:
+                pass  # llguidance may still refuse; nothing exact to do cheaply
+            elif mx >= len(required):
+                # closing the object to the required and a few listed properties is a subset
+                optional = [p for p in listed if p not in required]
+                keep = optional[: max(0, mx - len(required))]
+                node["properties"] = {p: v for p, v in props.items() if p in required or p in keep}
+                for p in required:
+                    node["properties"].setdefault(p, True)
+                node["additionalProperties"] = False
+                node.pop("patternProperties", None)
+                node.pop("maxProperties")
+                self.note(path, f"maxProperties: only {sorted(node['properties'])} allowed (narrower)")
+
+    def _rewrite_one_of(self, options: list, path: str) -> Any:
+        opts = [_schema(o) for o in options]
+        opts = [o for o in opts if o is not False]
+        n = len(opts)
+        if n == 0:
+            return False
+        if n == 1:
+            return opts[0]
+        overlap = [[False] * n for _ in range(n)]
+        for i in range(n):
+            for j in range(i + 1, n):
+                if not self.disjoint(opts[i], opts[j]):
+                    overlap[i][j] = overlap[j][i] = True
+        if not any(any(r) for r in overlap):
+            return {"anyOf": opts}
+        branches = []
+        dropped = 0
+        for i in range(n):
+            parts = [opts[i]]
+            ok = True
+            for j in range(n):
+                if overlap[i][j]:
+                    neg = self.neg(opts[j], 0)
+                    if neg is None:
+                        ok = False
+                        break
+                    parts.append(neg)
+            if ok:
+                branches.append(_all_of(parts))
+            else:
+                dropped += 1
+        if dropped:
+            self.note(path, f"oneOf: {dropped} of {n} options that may overlap others are not "
+                            "allowed (narrower)")
+        return _any_of(branches) if branches else False
+
+    # ---- analysis ---------------------------------------------------------------------------
+
+    def _type_set(self, t: Any) -> set[str]:
+        ts = set(t) if isinstance(t, list) else {t}
+        if "number" in ts:
+            ts.add("integer")
+        return ts
+
+    def deref(self, s: Any, depth: int) -> Any:
+        while isinstance(s, dict) and "$ref" in s and depth < _MAX_NEG_DEPTH:
+            try:
+                target = self.resolve(s["$ref"])
+            except _Unsupported:
+                return None
+            if len(s) == 1:
+                s = target
+            else:
+                rest = {k: v for k, v in s.items() if k != "$ref"}
+                s = {"allOf": [target, rest]}
+            depth += 1
+        if isinstance(s, dict) and "$ref" in s:
+            return None
+        return s
+
+    def types(self, s: Any, depth: int) -> set[str] | None:
+        """The JSON types s may match (integer ⊂ number), or None when unknown (= all)."""
+        if depth > _MAX_NEG_DEPTH:
+            return None
+        s = self.deref(s, depth)
+        if s is None or s is True:
+            return None
+        if s is False:
+            return set()
+        if not isinstance(s, dict):
+            return None
+        result: set[str] | None = None
+
+        def meet(ts):
+            nonlocal result
+            if ts is None:
+                return
+            result = set(ts) if result is None else result & ts
+        if "type" in s:
+            meet(self._type_set(s["type"]))
+        if "const" in s:
+            meet(self._type_set(_json_type(s["const"])))
+        if isinstance(s.get("enum"), list):
+            ts = set()
+            for v in s["enum"]:
+                ts |= self._type_set(_json_type(v))
+            meet(ts)
+        for k in ("anyOf", "oneOf"):
+            if isinstance(s.get(k), list):
+                u: set[str] | None = set()
+                for o in s[k]:
+                    t = self.types(o, depth + 1)
+                    if t is None:
+                        u = None
+                        break
+                    u |= t
+                meet(u)
+        if isinstance(s.get("allOf"), list):
+            for o in s["allOf"]:
+                meet(self.types(o, depth + 1))
+        if result is not None and "integer" in result and "number" not in result:
+            pass
+        return result
+
+    def values(self, s: Any, depth: int) -> set[str] | None:
+        """Canonical keys of the finite set of values s allows, or None if not finite/known."""
+        s = self.deref(s, depth)
+        if not isinstance(s, dict) or depth > _MAX_NEG_DEPTH:
+            return None
+        vals = None
+        if "const" in s:
+            vals = {_canon(s["const"])}
+        if isinstance(s.get("enum"), list):
+            e = {_canon(v) for v in s["enum"]}
+            vals = e if vals is None else vals & e
+        if vals is None and isinstance(s.get("allOf"), list):
+            for o in s["allOf"]:
+                v = self.values(o, depth + 1)
+                if v is not None:
+                    vals = v if vals is None else vals & v
+        if vals is None and isinstance(s.get("anyOf"), list):
+            u = set()
+            for o in s["anyOf"]:
+                v = self.values(o, depth + 1)
+                if v is None:
+                    return None
+                u |= v
+            vals = u
+        return vals
+
+    def _obj_info(self, s: Any, depth: int):
+        """(required names, properties dict, closed?) of an object schema (merged over allOf)."""
+        s = self.deref(s, depth)
+        if not isinstance(s, dict):
+            return set(), {}, False, set()
+        req = set(s.get("required") or []) if isinstance(s.get("required"), list) else set()
+        props = dict(s.get("properties") or {}) if isinstance(s.get("properties"), dict) else {}
+        closed = s.get("additionalProperties") is False and not s.get("patternProperties")
+        forbidden = {p for p, v in props.items() if v is False}
+        if isinstance(s.get("allOf"), list) and depth < _MAX_NEG_DEPTH:
+            for o in s["allOf"]:
+                r, p, c, f = self._obj_info(o, depth + 1)
+                req |= r
+                for k, v in p.items():
+                    props.setdefault(k, v)
+                    if k in props and props[k] is not v:
+                        props[k] = {"allOf": [props[k], v]} if props[k] is not True else v
+                forbidden |= f
+        return req, props, closed, forbidden
+
+    def disjoint(self, a: Any, b: Any) -> bool:
+        """True only if no instance satisfies both a and b."""
+        ta, tb = self.types(a, 0), self.types(b, 0)
+        if ta is not None and tb is not None:
+            common = ta & tb
+            if not common:
+                return True
+        else:
+            common = ta if tb is None else tb
+        va, vb = self.values(a, 0), self.values(b, 0)
+        if va is not None and vb is not None and not (va & vb):
+            return True
+        # objects told apart by a property
+        if common is None or "object" in common:
+            ra, pa, ca, fa = self._obj_info(a, 0)
+            rb, pb, cb, fb = self._obj_info(b, 0)
+            only_objects = (ta is not None and ta <= {"object"}) or (tb is not None and tb <= {"object"})
+            if not only_objects:
+                return False
+            for p in ra & rb:
+                if p in pa and p in pb:
+                    xa, xb = self.values(pa[p], 0), self.values(pb[p], 0)
+                    if xa is not None and xb is not None and not (xa & xb):
+                        return True
+                    ya, yb = self.types(pa[p], 0), self.types(pb[p], 0)
+                    if ya is not None and yb is not None and not (ya & yb):
+                        return True
+            for p in ra:
+                if p in fb or (cb and p not in pb):
+                    return True
+            for p in rb:
+                if p in fa or (ca and p not in pa):
+                    return True
+        return False
+
+    # ---- complement -------------------------------------------------------------------------
+
+    def neg(self, s: Any, depth: int) -> Any:
+        """A schema for a subset of the complement of s (None: nothing expressible)."""
+        if depth > _MAX_NEG_DEPTH:
+            return None
+        if s is True or s == {}:
+            return False
+        if s is False:
+            return True
+        if not isinstance(s, dict):
+            return None
+        if "$ref" in s:
+            try:
+                target = self.resolve(s["$ref"])
+            except _Unsupported:
+                return None
+            rest = {k: v for k, v in s.items() if k != "$ref"}
+            if isinstance(target, dict):
+                target = self._walk_for_neg(target)
+                if target is None:
+                    return None
+            parts = [self.neg(target, depth + 1)]
+            if rest:
+                parts.append(self.neg(rest, depth + 1))
+            got = [p for p in parts if p is not None]
+            return _any_of(got) if got else None
+        s = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k not in (
+            "$schema", "$id", "id", "definitions", "$defs", "$anchor")}
+        if not s:
+            return False
+        ts = self._type_set(s["type"]) if "type" in s else None
+        parts: list = []  # each a schema for instances that break one conjunct
+        complete = True
+
+        def add(x):
+            nonlocal complete
+            if x is None:
+                complete = False
+            else:
+                parts.append(x)
+
+        if ts is not None:
+            others = [t for t in _TYPES if t not in ts]
+            if "integer" in ts and "number" not in ts:
+                others = [t for t in others if t != "number"]  # non-integral numbers: not expressible
+                complete = False
+            add({"type": others} if others else False)
+
+        def typed(t: str, body: dict) -> dict | None:
+            if ts is None or t in ts:
+                return {"type": t, **body}
+            if t == "number" and "integer" in ts:
+                return {"type": "integer", **body}
+            return None  # the keyword is vacuous for s's types: nothing to complement
+
+        if "const" in s or "enum" in s:
+            vals = [s["const"]] if "const" in s else list(s.get("enum") or [])
+            add(self._neg_values(vals))
+        if "minLength" in s and s["minLength"] > 0:
+            add(typed("string", {"maxLength": int(math.ceil(s["minLength"])) - 1}))
+        if "maxLength" in s:
+            add(typed("string", {"minLength": int(math.floor(s["maxLength"])) + 1}))
+        for k in ("pattern", "format"):
+            if k in s:
+                add(None)
+        if "minimum" in s and isinstance(s["minimum"], (int, float)):
+            if s.get("exclusiveMinimum") is True:
+                add(typed("number", {"maximum": s["minimum"]}))
+            else:
+                add(typed("number", {"exclusiveMaximum": s["minimum"]}))
+        if "maximum" in s and isinstance(s["maximum"], (int, float)):
+            if s.get("exclusiveMaximum") is True:
+                add(typed("number", {"minimum": s["maximum"]}))
+            else:
+                add(typed("number", {"exclusiveMinimum": s["maximum"]}))
+        if isinstance(s.get("exclusiveMinimum"), (int, float)) and not isinstance(s.get("exclusiveMinimum"), bool):
+            add(typed("number", {"maximum": s["exclusiveMinimum"]}))
+        if isinstance(s.get("exclusiveMaximum"), (int, float)) and not isinstance(s.get("exclusiveMaximum"), bool):
+            add(typed("number", {"minimum": s["exclusiveMaximum"]}))
+        if "multipleOf" in s:
+            add(None)
+        if "minItems" in s and s["minItems"] > 0:
+            add(typed("array", {"maxItems": int(s["minItems"]) - 1}))
+        if "maxItems" in s:
+            add(typed("array", {"minItems": int(s["maxItems"]) + 1}))
+        for k in ("items", "prefixItems", "additionalItems", "contains", "uniqueItems"):
+            if k in s and s[k] not in (True, {}, False) and not (k == "uniqueItems" and s[k] is False):
+                add(None)
+            elif k in ("items", "additionalItems") and s.get(k) is False:
+                add(None)
+        if isinstance(s.get("required"), list):
+            for p in s["required"]:
+                # non-objects satisfy 'required' and are covered by the type part (if any)
+                if ts is None or "object" in ts:
+                    add({"type": "object", "properties": {p: False}} if ts is not None
+                        else {"properties": {p: False}})
+        if isinstance(s.get("properties"), dict):
+            for p, sub in s["properties"].items():
+                n = self.neg(sub, depth + 1)
+                if n is None:
+                    add(None)
+                elif n is not False:
+                    add(typed("object", {"required": [p], "properties": {p: n}}))
+        for k in ("additionalProperties", "patternProperties", "propertyNames", "minProperties",
+                  "maxProperties", "dependencies", "dependentRequired", "dependentSchemas",
+                  "unevaluatedProperties", "unevaluatedItems", "if", "then", "else"):
+            if k in s and s[k] not in (True, {}):
+                add(None)
+        if isinstance(s.get("anyOf"), list):
+            negs = [self.neg(o, depth + 1) for o in s["anyOf"]]
+            add(None if any(n is None for n in negs) else _all_of(negs))
+        if isinstance(s.get("oneOf"), list):
+            # not exactly-one: none of them, or (not expressible) two or more
+            negs = [self.neg(o, depth + 1) for o in s["oneOf"]]
+            add(None if any(n is None for n in negs) else _all_of(negs))
+        if isinstance(s.get("allOf"), list):
+            for o in s["allOf"]:
+                add(self.neg(o, depth + 1))
+        if "not" in s:
+            inner = self._walk_for_neg(s["not"]) if isinstance(s["not"], dict) else s["not"]
+            add(inner)
+        if not parts:
+            return None if not complete else False
+        return _any_of(parts)
+
+    def _walk_for_neg(self, node: dict) -> Any:
+        if self._neg_walks >= _MAX_NEG_DEPTH:
+            return None
+        self._neg_walks += 1
+        n_notes = len(self.notes)
+        try:
+            return self.walk(node, "#neg")
+        finally:
+            self._neg_walks -= 1
+            del self.notes[n_notes:]
+
+    def _neg_values(self, vals: list) -> Any:
+        """Instances not in a finite set of values (a subset when not expressible exactly)."""
+        by_type: dict[str, list] = {}
+        for v in vals:
+            by_type.setdefault(_json_type(v), []).append(v)
+        out = []
+        for t in ("null", "boolean", "string", "array", "object"):
+            if t not in by_type:
+                out.append({"type": t})
+        if "integer" not in by_type and "number" not in by_type:
+            out.append({"type": "number"})
+        if "boolean" in by_type:
+            bs = {bool(v) for v in by_type["boolean"]}
+            if len(bs) == 1:
+                out.append({"const": not bs.pop()})
+        if "string" in by_type:
+            rx = _complement_strings_regex([v for v in by_type["string"]])
+            if rx is not None:
+                out.append({"type": "string", "pattern": rx})
+        return _any_of(out)
+
+
+def _rx_escape(ch: str) -> str:
+    if ch in "\\^$.|?*+()[]{}-":
+        return "\\" + ch
+    if ord(ch) < 0x20:
+        return "\\x%02x" % ord(ch)
+    return ch
+
+
+def _complement_strings_regex(words: list[str]) -> str | None:
+    """An anchored regex for every string not in ``words`` (small sets only)."""
+    if len(words) > 64 or sum(len(w) for w in words) > 2000:
+        return None
+    trie: dict = {}
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def alt(node) -> str:
+        # strings that start at this trie node and are not words
+        options = []
+        kids = sorted(k for k in node if k != "")
+        if kids:
+            cls = "".join(_rx_escape(k) if k not in "]\\^-" else "\\" + k for k in kids)
+            options.append(f"[^{cls}][\\s\\S]*")
+        else:
+            options.append(r"[\s\S]+")
+        for k in kids:
+            options.append(_rx_escape(k) + "(?:" + alt(node[k]) + ")")
+        if "" not in node:
+            options.append("")
+        return "|".join(options)
+
+    return "^(?:" + alt(trie) + ")$"
