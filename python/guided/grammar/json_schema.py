@@ -208,12 +208,85 @@ def _schema(x: Any) -> Any:
     return x
 
 
+_ROOT_URI = "https://root.invalid/schema.json"
+
+_DRAFTS = {
+    "http://json-schema.org/draft-04/schema": 4,
+    "http://json-schema.org/draft-06/schema": 6,
+    "http://json-schema.org/draft-07/schema": 7,
+    "https://json-schema.org/draft/2019-09/schema": 2019,
+    "https://json-schema.org/draft/2020-12/schema": 2020,
+}
+
+# Keywords each draft knows (validators ignore the others, so we drop them).
+_COMMON_KW = frozenset({
+    "$ref", "$schema", "additionalItems", "additionalProperties", "allOf", "anyOf", "dependencies",
+    "enum", "exclusiveMaximum", "exclusiveMinimum", "format", "items", "maxItems", "maxLength",
+    "maxProperties", "maximum", "minItems", "minLength", "minProperties", "minimum", "multipleOf",
+    "not", "oneOf", "pattern", "patternProperties", "properties", "required", "type", "uniqueItems",
+    "definitions",
+})
+_KW_SINCE = {
+    "const": 6, "contains": 6, "propertyNames": 6, "$id": 6, "if": 7, "then": 7, "else": 7,
+    "$defs": 2019, "$anchor": 2019, "dependentRequired": 2019, "dependentSchemas": 2019,
+    "maxContains": 2019, "minContains": 2019, "prefixItems": 2020, "unevaluatedItems": 2019,
+    "unevaluatedProperties": 2019,
+}
+
+# Formats JSON Schema defines that llguidance lacks: a regex for (a subset of) each.
+_PCHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
+_SEG_NC = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=@]|%[0-9A-Fa-f]{2})"
+_QUERY = r"(?:" + _PCHAR + r"|[/?])*"
+_RELATIVE_REF = (r"(?:/(?:" + _PCHAR + r"+(?:/" + _PCHAR + r"*)*)?|" + _SEG_NC + r"+(?:/" + _PCHAR
+                 + r"*)*)?(?:\?" + _QUERY + r")?(?:#" + _QUERY + r")?")
+_TPL_LIT = r"(?:[!#$&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]|%[0-9A-Fa-f]{2})"
+_TPL_VARCHAR = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
+_TPL_VARSPEC = _TPL_VARCHAR + r"(?:\.?" + _TPL_VARCHAR + r")*(?::[1-9][0-9]{0,3}|\*)?"
+_FORMAT_PATTERNS = {
+    "uri-template": r"^(?:" + _TPL_LIT + r"|\{[+#./;?&=,!@|]?" + _TPL_VARSPEC + r"(?:," + _TPL_VARSPEC
+                    + r")*\})*$",
+    "json-pointer": r"^(?:/(?:[^/~]|~[01])*)*$",
+    "relative-json-pointer": r"^(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^/~]|~[01])*)*)$",
+    "regex": r"^(?:[^\\^$|?*+()\[\]{}]|\\[\\^$.|?*+()\[\]{}/dDwWsS])*$",
+}
+_FORMAT_ALIASES = {  # a subset of the named format that llguidance implements
+    "idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
+}
+_REFERENCE_FORMATS = {"uri-reference", "iri-reference"}
+_STANDARD_FORMATS = (_KNOWN_FORMATS | set(_FORMAT_PATTERNS) | set(_FORMAT_ALIASES)
+                     | _REFERENCE_FORMATS)
+
+
+def _esc(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+class _Ctx:
+    """Where a sub-schema sits: its draft and base URI."""
+    __slots__ = ("draft", "base")
+
+    def __init__(self, draft: int, base: str):
+        self.draft, self.base = draft, base
+
+
+def _join(base: str, ref: str) -> str:
+    from urllib.parse import urljoin
+    if ref.startswith("json-schema:///"):  # llguidance's default base
+        ref = ref[len("json-schema:///"):]
+    return urljoin(base, ref)
+
+
 class _Sanitizer:
     def __init__(self, root: Any):
         self.root = root
         self.notes: list[str] = []
-        self.ids: dict[str, str] = {}
         self._neg_walks = 0  # nesting of walks started by neg() (refs can be recursive)
+        self.resources: dict[str, tuple[Any, _Ctx]] = {}   # absolute URI → (node, ctx)
+        self.anchors: dict[str, Any] = {}                   # URI#name → node
+        self.ctx: dict[int, _Ctx] = {}                      # id(node) → ctx
+        self.defs: dict[str, Any] = {}                      # output $defs
+        self.def_names: dict[int, str] = {}                 # id(target) → name in $defs
+        self.queue: list[tuple[Any, _Ctx, str]] = []
 
     # ---- references -------------------------------------------------------------------
 
@@ -221,141 +294,197 @@ class _Sanitizer:
         root = self.root
         if isinstance(root, bool):
             return root
-        for key in ("$id", "id"):
-            rid = root.get(key)
-            if isinstance(rid, str) and rid:
-                self.ids[rid.rstrip("#")] = ""
-        self._collect_ids(root, "")
-        out = self.walk(root, "#")
-        # refs to the document itself by its own $id become local
+        ctx = self._index(root, _Ctx(2020, _ROOT_URI), top=True)
+        out = self.walk(root, "#", ctx)
+        while self.queue:
+            node, nctx, name = self.queue.pop()
+            self.defs[name] = self.walk(node, f"#(ref {name})", nctx)
+        if isinstance(out, dict) and self.defs:
+            out = dict(out)
+            out["$defs"] = self.defs
+        elif self.defs and out is not False:
+            out = {"allOf": [out if out is not True else {}], "$defs": self.defs}
         return out
 
-    def _collect_ids(self, node, pointer):
-        """Sub-schemas with an absolute $id: a ref to that id means this pointer."""
-        if isinstance(node, dict):
-            for k, v in node.items():
-                p = pointer + "/" + k.replace("~", "~0").replace("/", "~1")
-                if k in ("properties", "patternProperties", "definitions", "$defs",
-                         "dependentSchemas") and isinstance(v, dict):
-                    for name, sub in v.items():
-                        sp = p + "/" + name.replace("~", "~0").replace("/", "~1")
-                        if isinstance(sub, dict):
-                            sid = sub.get("$id") or sub.get("id")
-                            if isinstance(sid, str) and "://" in sid:
-                                self.ids.setdefault(sid.rstrip("#"), sp)
-                        self._collect_ids(sub, sp)
-                elif isinstance(v, (dict, list)) and k not in ("enum", "const", "examples",
-                                                              "default"):
-                    self._collect_ids(v, p)
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                self._collect_ids(v, f"{pointer}/{i}")
+    def _node_ctx(self, node: dict, ctx: _Ctx) -> _Ctx:
+        draft, base = ctx.draft, ctx.base
+        sch = node.get("$schema")
+        if isinstance(sch, str):
+            draft = _DRAFTS.get(sch.rstrip("#").replace("https://json-schema.org/draft-0",
+                                                         "http://json-schema.org/draft-0"), 2020)
+        nid = node.get("id") if draft == 4 else node.get("$id")
+        if isinstance(nid, str) and nid and not (draft >= 2019 and nid.startswith("#")):
+            if nid.startswith("#"):
+                self.anchors[_join(base, nid)] = node
+            else:
+                base = _join(base, nid).split("#")[0]
+        if draft == draft and (draft, base) == (ctx.draft, ctx.base):
+            return ctx
+        return _Ctx(draft, base)
 
-    def local_ref(self, ref: str) -> str | None:
-        """The ref as a local JSON pointer ("#/..."), or None when it points elsewhere."""
-        if ref.startswith("#"):
-            return ref
-        base, _, frag = ref.partition("#")
-        base = base.rstrip("/")
-        if base in self.ids:
-            return "#" + self.ids[base] + frag
-        return None
+    def _index(self, node: Any, ctx: _Ctx, top: bool = False) -> _Ctx:
+        """Record every sub-schema's draft and base URI, resources and anchors."""
+        if not isinstance(node, dict):
+            return ctx
+        nctx = self._node_ctx(node, ctx)
+        self.ctx[id(node)] = nctx
+        if top or nctx.base != ctx.base:
+            self.resources.setdefault(nctx.base, (node, nctx))
+        if top:
+            self.resources.setdefault(_ROOT_URI, (node, nctx))
+        if isinstance(node.get("$anchor"), str):
+            self.anchors[nctx.base + "#" + node["$anchor"]] = node
+        for k, v in node.items():
+            if k in ("enum", "const", "examples", "default"):
+                continue
+            if k in ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas",
+                     "dependencies"):
+                if isinstance(v, dict):
+                    for sub in v.values():
+                        self._index(sub, nctx)
+            elif isinstance(v, dict):
+                self._index(v, nctx)
+            elif isinstance(v, list):
+                for sub in v:
+                    self._index(sub, nctx)
+        return nctx
 
-    def resolve(self, ref: str) -> Any:
-        """The (unsanitised) schema a local ref points at, or raise _Unsupported."""
-        local = self.local_ref(ref)
-        if local is None:
-            raise _Unsupported(f"$ref {ref!r} is not local")
-        node = self.root
-        frag = local[1:]
+    def target(self, ref: str, ctx: _Ctx) -> tuple[Any, _Ctx]:
+        """The (original) schema a ref points at and its context, or raise _Unsupported."""
+        from urllib.parse import unquote
+        absolute = _join(ctx.base, ref)
+        doc, _, frag = absolute.partition("#")
+        if doc not in self.resources:
+            raise _Unsupported(f"$ref {ref!r} points outside the schema")
+        node, rctx = self.resources[doc]
+        frag = unquote(frag)
         if frag in ("", "/"):
-            return node
+            return node, rctx
         if not frag.startswith("/"):
-            # a plain-name anchor ($anchor / id "#foo")
-            found = self._find_anchor(self.root, frag)
+            found = self.anchors.get(doc + "#" + frag)
             if found is None:
-                raise _Unsupported(f"$ref {ref!r}: anchor not found")
-            return found
+                raise _Unsupported(f"$ref {ref!r}: no such anchor")
+            return found, self.ctx.get(id(found), rctx)
         for part in frag[1:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
-            from urllib.parse import unquote
-            part = unquote(part)
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
                 raise _Unsupported(f"$ref {ref!r} does not resolve")
-        return node
+        return node, self.ctx.get(id(node), rctx)
 
-    def _find_anchor(self, node, name):
-        if isinstance(node, dict):
-            if node.get("$anchor") == name or node.get("$id") == "#" + name or node.get("id") == "#" + name:
-                return node
-            for k, v in node.items():
-                if k in ("enum", "const", "examples", "default"):
-                    continue
-                r = self._find_anchor(v, name)
-                if r is not None:
-                    return r
-        elif isinstance(node, list):
-            for v in node:
-                r = self._find_anchor(v, name)
-                if r is not None:
-                    return r
-        return None
+    def ref_name(self, ref: str, ctx: _Ctx) -> str:
+        node, tctx = self.target(ref, ctx)
+        key = id(node)
+        if key not in self.def_names:
+            name = f"r{len(self.def_names)}"
+            self.def_names[key] = name
+            self.queue.append((node, tctx, name))
+        return self.def_names[key]
+
+    def resolve(self, ref: str) -> Any:
+        """The sanitised schema a rewritten ref ("#/$defs/rN") points at."""
+        if ref.startswith("#/$defs/"):
+            name = ref[len("#/$defs/"):]
+            if name in self.defs:
+                return self.defs[name]
+            for node, nctx, qname in self.queue:
+                if qname == name:
+                    got = self._walk_for_neg(node, nctx)
+                    if got is None:
+                        raise _Unsupported("too deep")
+                    return got
+        raise _Unsupported(f"$ref {ref!r} unknown")
 
     # ---- the walk -----------------------------------------------------------------------
 
     def note(self, path: str, msg: str):
         self.notes.append(f"{path}: {msg}")
 
-    def walk(self, node: Any, path: str) -> Any:
+    def walk(self, node: Any, path: str, ctx: _Ctx | None = None) -> Any:
         if isinstance(node, bool):
             return node
         if not isinstance(node, dict):
             # not a schema: leave it to llguidance to reject
             return node
-        node = dict(node)
-        for k in list(node):
-            if k in _ANNOTATIONS:
-                del node[k]
+        ctx = self.ctx.get(id(node)) or self._node_ctx(node, ctx or _Ctx(2020, _ROOT_URI))
+        draft = ctx.draft
+        out = {}
+        for k, v in node.items():
+            if k in _ANNOTATIONS or k in ("$schema", "$id", "id", "$anchor", "definitions", "$defs",
+                                          "$dynamicAnchor", "$recursiveAnchor"):
+                continue
+            since = _KW_SINCE.get(k)
+            if since is not None and draft < since:
+                continue  # not a keyword in this draft: validators ignore it
+            out[k] = v
+        node = out
+        if draft == 4:
+            for kw, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+                if isinstance(node.get(kw), bool):
+                    if node.pop(kw) and bound in node:
+                        node[kw] = node.pop(bound)
+        if draft < 2020:
+            if isinstance(node.get("items"), list):
+                node["prefixItems"] = node.pop("items")
+                if "additionalItems" in node:
+                    node["items"] = node.pop("additionalItems")
+            else:
+                node.pop("additionalItems", None)
+        else:
+            node.pop("additionalItems", None)
         # children first
-        for k in ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas"):
+        for k in ("properties", "patternProperties", "dependentSchemas"):
             if isinstance(node.get(k), dict):
-                node[k] = {n: self.walk(v, f"{path}/{k}/{n}") for n, v in node[k].items()}
-        for k in ("additionalProperties", "additionalItems", "contains", "not", "if", "then",
+                node[k] = {n: self.walk(v, f"{path}/{k}/{_esc(n)}", ctx) for n, v in node[k].items()}
+        for k in ("additionalProperties", "contains", "not", "if", "then", "items",
                   "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"):
             if k in node and isinstance(node[k], (dict, bool)):
-                node[k] = self.walk(node[k], f"{path}/{k}")
-        if isinstance(node.get("items"), (dict, bool)):
-            node["items"] = self.walk(node["items"], f"{path}/items")
-        elif isinstance(node.get("items"), list):
-            node["items"] = [self.walk(v, f"{path}/items/{i}") for i, v in enumerate(node["items"])]
+                node[k] = self.walk(node[k], f"{path}/{k}", ctx)
         for k in ("anyOf", "allOf", "oneOf", "prefixItems"):
             if isinstance(node.get(k), list):
-                node[k] = [self.walk(v, f"{path}/{k}/{i}") for i, v in enumerate(node[k])]
+                node[k] = [self.walk(v, f"{path}/{k}/{i}", ctx) for i, v in enumerate(node[k])]
         if isinstance(node.get("dependencies"), dict):
-            node["dependencies"] = {n: (self.walk(v, f"{path}/dependencies/{n}")
+            node["dependencies"] = {n: (self.walk(v, f"{path}/dependencies/{_esc(n)}", ctx)
                                         if isinstance(v, (dict, bool)) else v)
                                     for n, v in node["dependencies"].items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            try:
+                node["$ref"] = "#/$defs/" + self.ref_name(ref, ctx)
+            except _Unsupported as e:
+                raise ValueError(f"unsupported $ref {ref!r}: {e} (only references inside the "
+                                 "schema are resolved)") from None
+            if draft < 2019:
+                # before 2019-09, keywords beside $ref are ignored
+                node = {"$ref": node["$ref"]}
+        for k in ("$recursiveRef", "$dynamicRef"):
+            if k in node:
+                raise ValueError(f"{k} is not supported")
         return self.rewrite(node, path)
 
     def rewrite(self, node: dict, path: str) -> Any:
         extra: list = []  # conjuncts added to allOf
 
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            local = self.local_ref(ref)
-            if local is None:
-                self.note(path, f"$ref {ref!r} cannot be resolved; the schema is refused")
-                raise ValueError(f"unsupported $ref {ref!r} (only references inside the schema)")
-            node["$ref"] = local
-
         fmt = node.get("format")
         if fmt is not None and fmt not in _KNOWN_FORMATS:
             del node["format"]
-            self.note(path, f"format {fmt!r} dropped (not asserted by JSON Schema validators)")
+            if fmt in _FORMAT_ALIASES:
+                node["format"] = _FORMAT_ALIASES[fmt]
+                self.note(path, f"format {fmt!r}: only its ASCII subset is accepted")
+            elif fmt in _FORMAT_PATTERNS or fmt in _REFERENCE_FORMATS:
+                if fmt in _REFERENCE_FORMATS:
+                    # an absolute URI (llguidance's 'uri') or a relative reference
+                    rx = {"anyOf": [{"format": "uri"}, {"pattern": "^" + _RELATIVE_REF + "$"}]}
+                    alt = {"type": [t for t in _TYPES if t != "string"]}
+                    extra.append({"anyOf": [alt, {"type": "string", **rx}]})
+                else:
+                    extra.append({"pattern": _FORMAT_PATTERNS[fmt]})
+            else:
+                self.note(path, f"format {fmt!r} dropped (not a JSON Schema format: validators "
+                                "do not assert it)")
 
         if node.get("uniqueItems") is not True:
             node.pop("uniqueItems", None)
@@ -828,10 +957,6 @@ class _Sanitizer:
             except _Unsupported:
                 return None
             rest = {k: v for k, v in s.items() if k != "$ref"}
-            if isinstance(target, dict):
-                target = self._walk_for_neg(target)
-                if target is None:
-                    return None
             parts = [self.neg(target, depth + 1)]
             if rest:
                 parts.append(self.neg(rest, depth + 1))
@@ -930,19 +1055,18 @@ class _Sanitizer:
             for o in s["allOf"]:
                 add(self.neg(o, depth + 1))
         if "not" in s:
-            inner = self._walk_for_neg(s["not"]) if isinstance(s["not"], dict) else s["not"]
-            add(inner)
+            add(s["not"])  # (sanitised schemas keep no 'not'; double negation is exact)
         if not parts:
             return None if not complete else False
         return _any_of(parts)
 
-    def _walk_for_neg(self, node: dict) -> Any:
+    def _walk_for_neg(self, node: dict, ctx: _Ctx | None = None) -> Any:
         if self._neg_walks >= _MAX_NEG_DEPTH:
             return None
         self._neg_walks += 1
         n_notes = len(self.notes)
         try:
-            return self.walk(node, "#neg")
+            return self.walk(node, "#neg", ctx)
         finally:
             self._neg_walks -= 1
             del self.notes[n_notes:]

@@ -1,0 +1,230 @@
+"""guided.grammar.json_schema: the whitespace policy and schema sanitising.
+
+Fast, no model weights: grammars run through the `llguidance` Python package
+(the engine's native Matcher uses the same crate) with SmolLM2's tokenizer,
+read from the GGUF's metadata.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from guided.grammar.json_schema import (BOUNDED_WHITESPACE, json_schema_grammar,
+                                        sanitize_json_schema, whitespace_options)
+
+llguidance = pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    from guided.model.loader import default_model_path
+    try:
+        path = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    info = gguf_tokenizer_info(GGUFFile(path).metadata)
+    hf = info["tokenizer"]
+    lt = llguidance.LLTokenizer(hf.to_str(), eos_token=sorted(info["end_token_ids"]))
+    return hf, lt
+
+
+def _matcher(tok, schema, whitespace=None):
+    hf, lt = tok
+    grammar = json.dumps({"grammars": [json_schema_grammar(schema, whitespace)]})
+    m = llguidance.LLMatcher(lt, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def accepts(tok, schema, text: str, whitespace=None) -> bool:
+    hf, _ = tok
+    m = _matcher(tok, schema, whitespace)
+    ids = hf.encode(text, add_special_tokens=False).ids
+    return all(m.consume_token(t) for t in ids) and m.is_accepting()
+
+
+def valid(schema, instance) -> bool:
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
+
+
+OBJ = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "inner": {"type": "object", "properties": {"deep": {"type": "array",
+                                                            "items": {"type": "integer"}}}},
+    },
+    "required": ["name"],
+}
+DOC = {"name": "x", "tags": ["a", "b"], "inner": {"deep": [1, 2, [3][0]]}}
+
+
+# ------------------------------------------------------------------ whitespace
+
+@pytest.mark.parametrize("text", [
+    json.dumps(DOC, separators=(",", ":")),
+    json.dumps(DOC),
+    json.dumps(DOC, indent=2),
+    json.dumps(DOC, indent=4),
+    json.dumps(DOC, indent="\t"),
+])
+def test_default_whitespace_accepts_compact_and_indented(tok, text):
+    assert accepts(tok, OBJ, text)
+
+
+@pytest.mark.parametrize("text", [
+    '{"name":"x",' + " " * 9 + '"tags":[]}',          # a run of spaces
+    '{\n\n  "name": "x"}',                             # a blank line
+    '{\n' + " " * 65 + '"name": "x"}',                 # indentation past the bound
+    '{"name": "x"}\n\n',                               # trailing newlines
+])
+def test_default_whitespace_refuses_unbounded_runs(tok, text):
+    assert not accepts(tok, OBJ, text)
+
+
+def test_whitespace_cannot_run_forever(tok):
+    """A model that keeps choosing whitespace is stopped within a bounded number of tokens."""
+    hf, _ = tok
+    m = _matcher(tok, OBJ)
+    ws_ids = [i for i in range(hf.get_vocab_size()) if (s := hf.decode([i])) and not s.strip()
+              and set(s) <= set(" \t\r\n")]
+    assert m.consume_token(hf.encode("{", add_special_tokens=False).ids[0])
+    steps = 0
+    while steps < 200:
+        mask = m.compute_bitmask()
+        allowed = [t for t in ws_ids if mask[t // 8] >> (t % 8) & 1]
+        if not allowed:
+            break
+        assert m.consume_token(allowed[0])
+        steps += 1
+    assert steps < 200
+
+
+def test_compact_and_flexible_overrides(tok):
+    assert accepts(tok, OBJ, json.dumps(DOC, separators=(",", ":")), "compact")
+    assert not accepts(tok, OBJ, json.dumps(DOC, indent=2), "compact")
+    assert accepts(tok, OBJ, '{\n\n\n' + " " * 100 + '"name": "x"}', "flexible")
+    assert accepts(tok, OBJ, '{ "name" : "x" }', r"[ ]")
+    assert not accepts(tok, OBJ, '{\n"name":"x"}', r"[ ]")
+    with pytest.raises(ValueError):
+        whitespace_options("")
+
+
+def test_client_cannot_relax_options():
+    schema = {"type": "object", "x-guidance": {"lenient": True, "coerce_one_of": True}}
+    entry = json_schema_grammar(schema)["json_schema"]
+    assert entry["x-guidance"]["lenient"] is False
+    assert entry["x-guidance"]["coerce_one_of"] is False
+    assert entry["x-guidance"]["whitespace_pattern"] == BOUNDED_WHITESPACE
+
+
+def test_annotations_dropped():
+    out, _ = sanitize_json_schema({"title": "t", "description": "d", "examples": [1],
+                                   "$comment": "c", "default": 3, "type": "integer"})
+    assert out == {"type": "integer"}
+
+
+# ------------------------------------------------------------------ sanitising
+
+CASES = [
+    # (schema, instances: some valid, some not)
+    ({"not": {"type": "string"}}, [1, "a", None, [1], {"a": 1}, True]),
+    ({"type": "object", "properties": {"a": {"not": {"enum": ["x", "y"]}}}},
+     [{"a": "x"}, {"a": "y"}, {"a": "z"}, {"a": "xy"}, {"a": ""}, {"a": 1}, {}]),
+    ({"type": "object", "not": {"required": ["a", "b"]}},
+     [{"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {}]),
+    ({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 5}]},
+     [1, 5, 7, 5.5, 2.5, "a"]),
+    ({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}, "v": {"type": "integer"}},
+                 "required": ["k"]},
+                {"type": "object", "properties": {"k": {"const": "b"}, "v": {"type": "string"}},
+                 "required": ["k"]}]},
+     [{"k": "a", "v": 1}, {"k": "b", "v": "s"}, {"k": "a", "v": "s"}, {"k": "c"}]),
+    ({"oneOf": [{"required": ["a"]}, {"required": ["b"]}], "type": "object"},
+     [{"a": 1}, {"b": 1}, {"a": 1, "b": 1}, {}]),
+    ({"type": "object", "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+      "if": {"properties": {"kind": {"const": "num"}}, "required": ["kind"]},
+      "then": {"required": ["n"]}, "else": {"properties": {"n": False}}},
+     [{"kind": "num", "n": 1}, {"kind": "num"}, {"kind": "x"}, {"kind": "x", "n": 1}, {"n": 1}, {}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+      "properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}},
+     [{"a": 1, "b": 2}, {"a": 1}, {"b": 2}, {}]),
+    ({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+      "properties": {"a": {}, "b": {"type": "integer"}},
+      "dependentSchemas": {"a": {"required": ["b"]}}},
+     [{"a": 1, "b": 2}, {"a": 1}, {"b": 2}, {"a": 1, "b": "x"}]),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+     [[], [1], [1, 2], [1, 1]]),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}},
+     [[5], [6, 1], [1, 6], [], [1, 2]]),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"type": "integer"}},
+     [[1], [], [1, 2]]),
+    ({"type": "string", "format": "uri-template"}, ["http://x/{a}", "http://x/{", "a b"]),
+    ({"type": "string", "format": "json-pointer"}, ["", "/a/b~0", "a", "/a~2"]),
+    ({"type": "string", "format": "not-a-real-format"}, ["anything"]),
+    ({"type": ["integer", "string"], "not": {"type": "string", "multipleOf": 2}}, [1, 2, "a"]),
+    ({"type": "object", "minProperties": 1, "properties": {"a": {}, "b": {}},
+      "additionalProperties": False}, [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}]),
+    ({"type": "object", "propertyNames": {"maxLength": 1}, "properties": {"a": {}, "bb": {}},
+      "additionalProperties": False}, [{"a": 1}, {"bb": 1}, {}]),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number",
+      "minimum": 5, "exclusiveMinimum": True}, [5, 6]),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "const": 5}, [5, 6]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+      "items": [{"type": "integer"}, {"type": "string"}], "additionalItems": False},
+     [[1, "a"], [1], [1, "a", 2], ["a"]]),
+]
+
+
+@pytest.mark.parametrize("schema,instances", CASES, ids=[json.dumps(c[0])[:60] for c in CASES])
+def test_sanitised_schema_never_accepts_invalid(tok, schema, instances):
+    accepted_valid = 0
+    for inst in instances:
+        text = json.dumps(inst, separators=(",", ":"))
+        ok = accepts(tok, schema, text)
+        if ok:
+            assert valid(schema, inst), f"invalid instance accepted: {text}"
+        accepted_valid += ok
+    assert accepted_valid > 0 or not any(valid(schema, i) for i in instances)
+
+
+EXACT = [  # rewrites that keep exactly the valid instances
+    CASES[0], CASES[1], CASES[2], CASES[4], CASES[5], CASES[6], CASES[7], CASES[8],
+    CASES[11], CASES[14], CASES[16], CASES[18], CASES[19], CASES[20],
+]
+
+
+@pytest.mark.parametrize("schema,instances", EXACT, ids=[json.dumps(c[0])[:60] for c in EXACT])
+def test_exact_rewrites_accept_every_valid_instance(tok, schema, instances):
+    for inst in instances:
+        text = json.dumps(inst, separators=(",", ":"))
+        assert accepts(tok, schema, text) == valid(schema, inst), text
+
+
+def test_inexpressible_schema_refused():
+    with pytest.raises(ValueError, match="no instance"):
+        json_schema_grammar({"type": "integer", "not": {"multipleOf": 2}})
+
+
+def test_notes_for_narrowing():
+    _, notes = sanitize_json_schema({"type": "array", "uniqueItems": True})
+    assert any("uniqueItems" in n for n in notes)
+
+
+def test_remote_ref_refused():
+    with pytest.raises(ValueError, match="ref"):
+        json_schema_grammar({"$ref": "https://example.com/schema.json"})
+
+
+def test_refs_to_own_id_resolve(tok):
+    schema = {"$id": "https://example.com/root.json", "type": "object",
+              "properties": {"a": {"$ref": "https://example.com/root.json#/definitions/n"}},
+              "definitions": {"n": {"type": "integer"}}}
+    assert accepts(tok, schema, '{"a":1}')
+    assert not accepts(tok, schema, '{"a":"x"}')
