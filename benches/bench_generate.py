@@ -39,6 +39,11 @@ def best_of(fn, repeat: int) -> float:
     return min(times)
 
 
+def dtype_label(llm: LLM) -> str:
+    act, weight = (str(d).removeprefix("torch.") for d in (llm.loaded.dtype, llm.loaded.weight_dtype))
+    return act if act == weight else f"{act}, {weight} weights"
+
+
 def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
     first = best_of(lambda: llm_generate(1), repeat)
     full = best_of(lambda: llm_generate(new_tokens), repeat)
@@ -62,8 +67,8 @@ def main() -> None:
     engines = {"float32": LLM(dtype="float32", enable_prefix_caching=False,
                               max_num_seqs=max(args.batches))}
     default = LLM(enable_prefix_caching=False, max_num_seqs=max(args.batches))
-    if default.loaded.dtype != torch.float32:  # guided's own default on this machine
-        engines[str(default.loaded.dtype).removeprefix("torch.")] = default
+    if (default.loaded.dtype, default.loaded.weight_dtype) != (torch.float32, torch.float32):
+        engines[f"default ({dtype_label(default)})"] = default  # guided's own default here
     else:
         del default
 
@@ -89,14 +94,15 @@ def main() -> None:
 
     print(f"\nSmolLM2-135M-Instruct Q4_1, CPU, {torch.get_num_threads()} threads, "
           f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens\n")
-    print(f"{'engine':<14}{'dtype':<9}{'batch':>6}{'prefill ms':>12}{'decode tok/s':>14}")
+    width = max(len(r[1]) for r in rows) + 2
+    print(f"{'engine':<14}{'dtype':<{width}}{'batch':>6}{'prefill ms':>12}{'decode tok/s':>14}")
     for name, dtype, batch, prefill, tps in rows:
-        print(f"{name:<14}{dtype:<9}{batch:>6}{prefill:>12.1f}{tps:>14.1f}")
+        print(f"{name:<14}{dtype:<{width}}{batch:>6}{prefill:>12.1f}{tps:>14.1f}")
     print()
     for batch in args.batches:
         ref = next(r for r in rows if r[0] == "transformers" and r[2] == batch)
         for ours in (r for r in rows if r[0] == "guided" and r[2] == batch):
-            print(f"batch {batch:>2}, guided {ours[1]:<9} vs transformers float32: "
+            print(f"batch {batch:>2}, guided {ours[1]:<{width}} vs transformers float32: "
                   f"decode {ours[4] / ref[4]:.2f}x, prefill {ref[3] / ours[3]:.2f}x")
 
 

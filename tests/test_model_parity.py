@@ -110,7 +110,7 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
 @pytest.fixture(scope="session")
 def smollm():
     try:
-        return load_model()
+        return load_model(dtype=torch.float32)
     except ModelNotFoundError as e:
         pytest.skip(str(e))
 
@@ -283,7 +283,7 @@ def _tiny_llama3(d):
 @pytest.mark.parametrize("build, arch", [(_tiny_qwen3, "qwen3"), (_tiny_qwen2, "qwen2"), (_tiny_llama3, "llama")])
 def test_tiny_hf_model_parity(tmp_path, build, arch):
     hf = build(tmp_path)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), dtype=torch.float32)
     assert loaded.config.architecture == arch
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB - 3, (n,), generator=gen).tolist() for n in (5, 23, 70)]
@@ -298,7 +298,7 @@ def test_tiny_hf_model_parity(tmp_path, build, arch):
 
 def test_hf_directory_special_tokens(tmp_path):
     _tiny_qwen3(tmp_path)
-    loaded = load_model(str(tmp_path))
+    loaded = load_model(str(tmp_path), dtype=torch.float32)
     # rule 1: tokenizer_config eos ∪ generation_config list ∪ config.json eos
     assert loaded.end_token_ids == {VOCAB - 1, 7, 5}
     assert loaded.eos_token == "<|end|>" and loaded.bos_token == "<s>"
@@ -312,7 +312,8 @@ def test_sharded_safetensors(tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (tmp_path / "sharded" / name).write_bytes((tmp_path / "one" / name).read_bytes())
     assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-    a, b = load_model(str(tmp_path / "one")), load_model(str(tmp_path / "sharded"))
+    a = load_model(str(tmp_path / "one"), dtype=torch.float32)
+    b = load_model(str(tmp_path / "sharded"), dtype=torch.float32)
     ids = list(range(10))
     assert torch.equal(last_logits(a.model, a.config, ids), last_logits(b.model, b.config, ids))
 

@@ -31,8 +31,9 @@ class LoadedModel:
     end_token_ids: set[int]
     add_bos_token: bool
     path: str
-    dtype: torch.dtype
+    dtype: torch.dtype          # activations, KV cache, norms
     device: torch.device
+    weight_dtype: torch.dtype   # the linear layers' weights (bf16 when packed for the CPU)
 
 
 def default_model_path() -> str:
@@ -49,12 +50,7 @@ def default_model_path() -> str:
 
 
 def _cpu_has_native_bf16() -> bool:
-    """AMX or AVX512-BF16: bf16 matmuls run natively and read half the bytes.
-
-    CPU decode is bound by reading the weights, so on such CPUs bf16 is about
-    twice as fast as fp32 (benches/bench_generate.py); elsewhere bf16 is
-    emulated and fp32 is the better default.
-    """
+    """AMX or AVX512-BF16: bf16 matmuls run natively."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
@@ -63,15 +59,24 @@ def _cpu_has_native_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    if device.type == "cuda" or _cpu_has_native_bf16():
-        return torch.bfloat16
-    return torch.float32
+def _bf16_weights_on_cpu(requested, dt: torch.dtype, device: torch.device) -> bool:
+    """Whether the linear layers get bf16 weights packed for this CPU.
+
+    CPU decode is bound by reading the weights, so bf16 weights (half the
+    bytes, AMX tiles) about double decode speed. By default (dtype=None) only
+    the weights go to bf16 and everything else stays fp32: a model run wholly
+    in bf16 drifts enough over 30 layers to flip near-tied greedy choices
+    (SmolLM2 answers "L'Étoile, ..." instead of "Paris" to the README's
+    question). dtype="float32" keeps exact fp32 for parity with transformers.
+    """
+    if device.type != "cpu":
+        return False
+    return dt == torch.bfloat16 or (requested is None and _cpu_has_native_bf16())
 
 
 def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
-        return default_dtype(device)
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
         name = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         resolved = getattr(torch, name, None)
@@ -95,6 +100,6 @@ def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype 
         from .gguf_loader import gguf_tokenizer_info, load_gguf
         config, model, md = load_gguf(path, dt, dev)
         info = gguf_tokenizer_info(md)
-    if dev.type == "cpu" and dt == torch.bfloat16:
-        pack_linears(model)
-    return LoadedModel(config=config, model=model, path=path, dtype=dt, device=dev, **info)
+    packed = _bf16_weights_on_cpu(dtype, dt, dev) and pack_linears(model)
+    return LoadedModel(config=config, model=model, path=path, dtype=dt, device=dev,
+                       weight_dtype=torch.bfloat16 if packed else dt, **info)
