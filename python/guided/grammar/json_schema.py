@@ -92,6 +92,7 @@ _OBJECT_KW = ("properties", "patternProperties", "additionalProperties", "requir
 
 _MAX_NEG_DEPTH = 6
 _MAX_COMBINATIONS = 64
+_MAX_STEPS = 200_000  # sub-schemas visited while rewriting one schema
 
 
 class _Unsupported(Exception):
@@ -287,6 +288,9 @@ class _Sanitizer:
         self.defs: dict[str, Any] = {}                      # output $defs
         self.def_names: dict[int, str] = {}                 # id(target) → name in $defs
         self.queue: list[tuple[Any, _Ctx, str]] = []
+        self.in_progress: set[str] = set()
+        self.def_nodes: dict[str, Any] = {}
+        self.steps = 0
 
     # ---- references -------------------------------------------------------------------
 
@@ -298,7 +302,14 @@ class _Sanitizer:
         out = self.walk(root, "#", ctx)
         while self.queue:
             node, nctx, name = self.queue.pop()
-            self.defs[name] = self.walk(node, f"#(ref {name})", nctx)
+            if name not in self.defs:
+                self._walk_def(node, nctx, name)
+        out = self._push_types(out)
+        done: set[str] = set()
+        while len(done) < len(self.defs):
+            for name in [n for n in self.defs if n not in done]:
+                done.add(name)
+                self.defs[name] = self._push_types(self.defs[name])
         if isinstance(out, dict) and self.defs:
             out = dict(out)
             out["$defs"] = self.defs
@@ -381,22 +392,32 @@ class _Sanitizer:
         if key not in self.def_names:
             name = f"r{len(self.def_names)}"
             self.def_names[key] = name
+            self.def_nodes[name] = node
             self.queue.append((node, tctx, name))
         return self.def_names[key]
 
     def resolve(self, ref: str) -> Any:
-        """The sanitised schema a rewritten ref ("#/$defs/rN") points at."""
+        """The sanitised schema a rewritten ref ("#/$defs/rN") points at (walked on first use;
+        _Unsupported while it is still being walked, i.e. for a recursive reference)."""
         if ref.startswith("#/$defs/"):
             name = ref[len("#/$defs/"):]
             if name in self.defs:
                 return self.defs[name]
-            for node, nctx, qname in self.queue:
+            if name in self.in_progress:
+                raise _Unsupported("recursive reference")
+            for i, (node, nctx, qname) in enumerate(self.queue):
                 if qname == name:
-                    got = self._walk_for_neg(node, nctx)
-                    if got is None:
-                        raise _Unsupported("too deep")
-                    return got
+                    del self.queue[i]
+                    return self._walk_def(node, nctx, name)
         raise _Unsupported(f"$ref {ref!r} unknown")
+
+    def _walk_def(self, node, ctx, name):
+        self.in_progress.add(name)
+        try:
+            self.defs[name] = self.walk(node, f"#(ref {name})", ctx)
+        finally:
+            self.in_progress.discard(name)
+        return self.defs[name]
 
     # ---- the walk -----------------------------------------------------------------------
 
@@ -409,6 +430,9 @@ class _Sanitizer:
         if not isinstance(node, dict):
             # not a schema: leave it to llguidance to reject
             return node
+        self.steps += 1
+        if self.steps > _MAX_STEPS:
+            raise ValueError("the JSON schema is too complex to rewrite")
         ctx = self.ctx.get(id(node)) or self._node_ctx(node, ctx or _Ctx(2020, _ROOT_URI))
         draft = ctx.draft
         out = {}
@@ -566,13 +590,80 @@ class _Sanitizer:
         self._rewrite_min_max_properties(node, path)
 
         if extra:
+            extra = [e if e is not True else {} for e in extra]
+            if any(e is False for e in extra):
+                return False
+            extra = [e for e in extra if e != {}]
+            if not extra:
+                return node
+            # keep the rewritten schema flat: llguidance refuses recursive refs under an
+            # intersection ("circular references with sibling keys")
+            if not node and len(extra) == 1:
+                return extra[0]
+            if (len(extra) == 1 and isinstance(extra[0], dict) and set(extra[0]) == {"anyOf"}
+                    and "anyOf" not in node):
+                node = dict(node)
+                node["anyOf"] = extra[0]["anyOf"]
+                return self._simplify(node)
             node = dict(node)
             allof = list(node.get("allOf", []))
             allof.extend(e if e is not True else {} for e in extra)
             if any(a is False for a in allof):
                 return False
             node["allOf"] = [a for a in allof if a != {}] or [{}]
-        return node
+        return self._simplify(node)
+
+    def _push_types(self, node: Any) -> Any:
+        """{"type": T, "anyOf": [{"$ref": X}, ...]} → {"anyOf": [{"$ref": X∧T}, ...]} with X∧T a
+        copy of definition X narrowed to T: llguidance refuses a recursive $ref beside other
+        keywords, and this intersection is exact."""
+        if isinstance(node, list):
+            return [self._push_types(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: (self._push_types(v) if k not in ("enum", "const") else v)
+                for k, v in node.items()}
+        if not (set(node) == {"type", "anyOf"} and isinstance(node["anyOf"], list)):
+            return node
+        ts = self._type_set(node["type"])
+        opts = []
+        for o in node["anyOf"]:
+            if isinstance(o, dict) and set(o) == {"$ref"} and o["$ref"].startswith("#/$defs/"):
+                name = o["$ref"][len("#/$defs/"):]
+                d = self.defs.get(name)
+                if not isinstance(d, dict) or any(k in d for k in ("anyOf", "allOf", "oneOf", "$ref")):
+                    return node
+                t = ts if "type" not in d else ts & self._type_set(d["type"])
+                if not t:
+                    continue
+                tname = f"{name}_{'_'.join(sorted(t))}"
+                if tname not in self.defs:
+                    self.defs[tname] = {**d, "type": sorted(t)}
+                opts.append({"$ref": "#/$defs/" + tname})
+            elif isinstance(o, dict) and not any(k in o for k in ("anyOf", "allOf", "oneOf", "$ref")):
+                t = ts if "type" not in o else ts & self._type_set(o["type"])
+                if t:
+                    opts.append({**o, "type": sorted(t)})
+            else:
+                return node
+        return _any_of(opts) if opts else False
+
+    def _simplify(self, node: Any) -> Any:
+        """{"type": T, "anyOf": [...]} with options of known types: drop the type (recursive
+        refs under an intersection are refused by llguidance) or the options it excludes."""
+        if not (isinstance(node, dict) and set(node) == {"type", "anyOf"}
+                and isinstance(node["anyOf"], list)):
+            return node
+        ts = self._type_set(node["type"])
+        keep = []
+        for o in node["anyOf"]:
+            to = self.types(o, 0)
+            if to is None or not to <= ts:
+                if to is not None and not (to & ts):
+                    continue  # excluded by the type
+                return node
+            keep.append(o)
+        return _any_of(keep) if keep else False
 
     # ---- individual keywords --------------------------------------------------------------
 
@@ -740,8 +831,16 @@ class _Sanitizer:
             listed = [p for p in props if props[p] is not False]
             if closed and len(listed) <= mx:
                 node.pop("maxProperties")
-            elif mx >= len(required) and props is not None and closed:
-                pass  # llguidance may still refuse; nothing exact to do cheaply
+            elif mx >= len(required) and closed:
+                # at most mx of the listed properties: one branch per choice of optional ones
+                optional = [p for p in listed if p not in required]
+                k = int(mx) - len(required)
+                combos = list(itertools.islice(itertools.combinations(optional, k),
+                                               _MAX_COMBINATIONS + 1))
+                if len(combos) <= _MAX_COMBINATIONS:
+                    node.pop("maxProperties")
+                    node.setdefault("allOf", []).append(_any_of([
+                        {"properties": {p: False for p in optional if p not in c}} for c in combos]))
             elif mx >= len(required):
                 # closing the object to the required and a few listed properties is a subset
                 optional = [p for p in listed if p not in required]
@@ -774,12 +873,20 @@ class _Sanitizer:
         for i in range(n):
             parts = [opts[i]]
             ok = True
+            ta = self.types(opts[i], 0)
             for j in range(n):
                 if overlap[i][j]:
                     neg = self.neg(opts[j], 0)
-                    if neg is None:
+                    if neg is None or neg is False:
                         ok = False
                         break
+                    tn = self.types(neg, 0)
+                    if ta is not None and tn is not None:
+                        if not (ta & tn):
+                            ok = False  # nothing of option i is left
+                            break
+                        if ta <= tn and self._type_only(neg):
+                            continue  # the complement only excludes types option i lacks
                     parts.append(neg)
             if ok:
                 branches.append(_all_of(parts))
@@ -791,6 +898,52 @@ class _Sanitizer:
         return _any_of(branches) if branches else False
 
     # ---- analysis ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _type_only(s: Any) -> bool:
+        if isinstance(s, dict):
+            if set(s) == {"type"}:
+                return True
+            if set(s) == {"anyOf"}:
+                return all(_Sanitizer._type_only(o) for o in s["anyOf"])
+        return False
+
+    def _strings(self, s: Any, depth: int = 0):
+        """(patterns, finite string values or None) that a string schema imposes."""
+        s = self.deref(s, depth)
+        pats: list[str] = []
+        vals = None
+        if not isinstance(s, dict) or depth > _MAX_NEG_DEPTH:
+            return pats, vals
+        if isinstance(s.get("pattern"), str):
+            pats.append(s["pattern"])
+        if "const" in s:
+            vals = [s["const"]]
+        elif isinstance(s.get("enum"), list):
+            vals = list(s["enum"])
+        for o in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            p, v = self._strings(o, depth + 1)
+            pats += p
+            if v is not None:
+                vals = v if vals is None else [x for x in vals if x in v]
+        return pats, vals
+
+    def _strings_disjoint(self, a: Any, b: Any) -> bool:
+        pa, va = self._strings(a)
+        pb, vb = self._strings(b)
+        for vals, pats in ((va, pb), (vb, pa)):
+            if vals is not None and pats and all(isinstance(v, str) for v in vals):
+                if all(any(not _search(p, v) for p in pats) for v in vals):
+                    return True
+        for x in pa:
+            fx = _first_chars(x)
+            if fx is None:
+                continue
+            for y in pb:
+                fy = _first_chars(y)
+                if fy is not None and not (fx & fy):
+                    return True
+        return False
 
     def _type_set(self, t: Any) -> set[str]:
         ts = set(t) if isinstance(t, list) else {t}
@@ -818,7 +971,14 @@ class _Sanitizer:
         """The JSON types s may match (integer ⊂ number), or None when unknown (= all)."""
         if depth > _MAX_NEG_DEPTH:
             return None
+        ref = s.get("$ref") if isinstance(s, dict) else None
         s = self.deref(s, depth)
+        if s is None and isinstance(ref, str) and ref.startswith("#/$defs/"):
+            # a reference still being rewritten (recursion): its own 'type' bounds it
+            raw = self.def_nodes.get(ref[len("#/$defs/"):])
+            if isinstance(raw, dict) and isinstance(raw.get("type"), (str, list)):
+                return self._type_set(raw["type"])
+            return None
         if s is None or s is True:
             return None
         if s is False:
@@ -916,6 +1076,9 @@ class _Sanitizer:
         va, vb = self.values(a, 0), self.values(b, 0)
         if va is not None and vb is not None and not (va & vb):
             return True
+        if ta is not None and tb is not None and common <= {"string"}:
+            if self._strings_disjoint(a, b):
+                return True
         # objects told apart by a property
         if common is None or "object" in common:
             ra, pa, ca, fa = self._obj_info(a, 0)
@@ -1021,7 +1184,16 @@ class _Sanitizer:
             add(typed("array", {"maxItems": int(s["minItems"]) - 1}))
         if "maxItems" in s:
             add(typed("array", {"minItems": int(s["maxItems"]) + 1}))
+        if isinstance(s.get("items"), dict) and "prefixItems" not in s:
+            # an array whose first item breaks 'items' (a subset of those with any such item)
+            n = self.neg(s["items"], depth + 1)
+            if n is not None and n is not False:
+                add(typed("array", {"minItems": 1, "prefixItems": [n]}))
+            else:
+                add(None)
         for k in ("items", "prefixItems", "additionalItems", "contains", "uniqueItems"):
+            if k == "items" and isinstance(s.get("items"), dict) and "prefixItems" not in s:
+                continue
             if k in s and s[k] not in (True, {}, False) and not (k == "uniqueItems" and s[k] is False):
                 add(None)
             elif k in ("items", "additionalItems") and s.get(k) is False:
@@ -1128,3 +1300,153 @@ def _complement_strings_regex(words: list[str]) -> str | None:
         return "|".join(options)
 
     return "^(?:" + alt(trie) + ")$"
+
+
+def _search(pattern: str, value: str) -> bool:
+    """Whether value matches the pattern (True when unsure: Python's re differs from ECMA 262)."""
+    import re
+    try:
+        return re.search(pattern, value) is not None
+    except (re.error, RecursionError):
+        return True
+
+
+_CLASS_ESC = {
+    "d": set("0123456789"),
+    "w": set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"),
+}
+
+
+def _first_chars(pattern: str) -> set[str] | None:
+    """The characters a match of an anchored pattern (^...) can start with; None if unknown
+    or if it can match the empty string."""
+    if not pattern.startswith("^"):
+        return None
+    depth, i = 0, 0
+    while i < len(pattern):  # a top-level '|' makes the '^' cover one alternative only
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            j = pattern.find("]", i + 2)
+            if j < 0:
+                return None
+            i = j + 1
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            return None
+        i += 1
+    return _fc(pattern[1:])
+
+
+def _fc(rx: str) -> set[str] | None:
+    if not rx:
+        return None
+    c = rx[0]
+    if c in "(":
+        depth, i = 0, 0
+        while i < len(rx):
+            ch = rx[i]
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == "[":
+                j = rx.find("]", i + 2)
+                if j < 0:
+                    return None
+                i = j + 1
+                continue
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        else:
+            return None
+        inner, after = rx[1:i], rx[i + 1:]
+        if after[:1] in ("?", "*") or after.startswith("{0"):
+            return None
+        if inner.startswith("?:"):
+            inner = inner[2:]
+        elif inner.startswith("?"):
+            return None
+        alts, depth, start, j = [], 0, 0, 0
+        while j < len(inner):
+            ch = inner[j]
+            if ch == "\\":
+                j += 2
+                continue
+            if ch == "[":
+                k = inner.find("]", j + 2)
+                if k < 0:
+                    return None
+                j = k + 1
+                continue
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            elif ch == "|" and depth == 0:
+                alts.append(inner[start:j])
+                start = j + 1
+            j += 1
+        alts.append(inner[start:])
+        out: set[str] = set()
+        for a in alts:
+            f = _fc(a)
+            if f is None:
+                return None
+            out |= f
+        return out
+    if c == "\\":
+        if len(rx) < 2:
+            return None
+        e = rx[1]
+        atom, rest = (_CLASS_ESC.get(e) if e in _CLASS_ESC else
+                      ({e} if not e.isalnum() else None)), rx[2:]
+        if atom is None:
+            return None
+    elif c == "[":
+        j = rx.find("]", 2)
+        if j < 0 or rx[1] == "^":
+            return None
+        body, rest = rx[1:j], rx[j + 1:]
+        atom = set()
+        k = 0
+        while k < len(body):
+            ch = body[k]
+            if ch == "\\":
+                if k + 1 >= len(body):
+                    return None
+                e = body[k + 1]
+                if e in _CLASS_ESC:
+                    atom |= _CLASS_ESC[e]
+                elif not e.isalnum():
+                    atom.add(e)
+                else:
+                    return None
+                k += 2
+                continue
+            if k + 2 < len(body) and body[k + 1] == "-":
+                lo, hi = ord(ch), ord(body[k + 2])
+                if hi < lo or hi - lo > 256:
+                    return None
+                atom |= {chr(x) for x in range(lo, hi + 1)}
+                k += 3
+                continue
+            atom.add(ch)
+            k += 1
+    elif c in ".^$|)*+?{":
+        return None
+    else:
+        atom, rest = {c}, rx[1:]
+    if rest[:1] in ("?", "*") or rest.startswith("{0") or rest.startswith("{,"):
+        return None
+    return atom
