@@ -101,7 +101,7 @@ class _GuidedEngine:
             GrammarCompiler = None
         if GrammarCompiler is not None:
             self.backend = "native"
-            self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab, cache_size=0)
+            self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab)
         else:  # until the native grammar API lands: the same grammar through llguidance's package
             self.backend = "llguidance-py"
             self._llg = _LLGuidanceEngine(tok, end_ids, vocab)
@@ -500,8 +500,10 @@ def print_report(out: dict, file=sys.stdout) -> None:
     if keys:
         print("not passing, by feature (a schema counts once per feature it uses):", file=file)
         print(f"{'feature':30}" + "".join(f"{e:>{w}}" for e in engines), file=file)
-        for k in keys:
+        for k in keys[:40]:
             print(f"{k:30}" + "".join(f"{feats[e][k]:>{w}}" for e in engines), file=file)
+        if len(keys) > 40:
+            print(f"  ... and {len(keys) - 40} more features", file=file)
         print(file=file)
     fails = [r for r in out["results"][engines[0]] if r.status != "pass"]
     if fails:

@@ -228,3 +228,10 @@ def test_refs_to_own_id_resolve(tok):
               "definitions": {"n": {"type": "integer"}}}
     assert accepts(tok, schema, '{"a":1}')
     assert not accepts(tok, schema, '{"a":"x"}')
+
+
+def test_not_enum_of_numbers_is_exact(tok):
+    schema = {"type": "integer", "minimum": 1, "maximum": 10, "not": {"enum": [3, 4, 7]}}
+    for n in range(0, 12):
+        assert accepts(tok, schema, str(n)) == valid(schema, n), n
+    assert not accepts(tok, schema, "7.5")

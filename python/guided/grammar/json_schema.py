@@ -1252,8 +1252,19 @@ class _Sanitizer:
         for t in ("null", "boolean", "string", "array", "object"):
             if t not in by_type:
                 out.append({"type": t})
-        if "integer" not in by_type and "number" not in by_type:
+        nums = sorted({float(v) for v in by_type.get("integer", []) + by_type.get("number", [])})
+        if not nums:
             out.append({"type": "number"})
+        elif len(nums) <= 32:
+            # every number outside the set lies in one of the open intervals between its values
+            bounds = [None] + nums + [None]
+            for lo, hi in zip(bounds, bounds[1:]):
+                iv: dict = {"type": "number"}
+                if lo is not None:
+                    iv["exclusiveMinimum"] = int(lo) if lo.is_integer() else lo
+                if hi is not None:
+                    iv["exclusiveMaximum"] = int(hi) if hi.is_integer() else hi
+                out.append(iv)
         if "boolean" in by_type:
             bs = {bool(v) for v in by_type["boolean"]}
             if len(bs) == 1:
