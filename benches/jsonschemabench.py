@@ -99,11 +99,15 @@ class _GuidedEngine:
             from guided.tokenizer import token_bytes
         except ImportError:
             GrammarCompiler = None
+        self.backend = "llguidance-py"
         if GrammarCompiler is not None:
-            self.backend = "native"
-            self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab)
-        else:  # until the native grammar API lands: the same grammar through llguidance's package
-            self.backend = "llguidance-py"
+            try:
+                self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab)
+                self.backend = "native"
+            except Exception as e:  # noqa: BLE001 - shown in the report's header
+                self.backend = f"llguidance-py; native failed: {type(e).__name__}"
+        if self.backend != "native":
+            # until the native grammar API lands: the same grammar through llguidance's package
             self._llg = _LLGuidanceEngine(tok, end_ids, vocab)
 
     def grammar_json(self, schema) -> str:
