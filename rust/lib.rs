@@ -2,9 +2,12 @@
 //! sequence. Pure Rust; the PyO3 layer in `python.rs` only translates.
 
 pub mod block_manager;
+pub mod grammar;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_grammar;

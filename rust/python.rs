@@ -212,5 +212,8 @@ impl PyStepPlan {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyScheduler>()?;
     m.add_class::<PyStepPlan>()?;
+    m.add_class::<crate::python_grammar::PyGrammarCompiler>()?;
+    m.add_class::<crate::python_grammar::PyGrammar>()?;
+    m.add_class::<crate::python_grammar::PyMatcher>()?;
     Ok(())
 }

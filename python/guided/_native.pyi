@@ -9,6 +9,8 @@ fine); a plan left without its ``update()`` is dropped at the next
 the prefix cache only once a later call confirms the pass ran.
 """
 
+from typing import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -134,3 +136,62 @@ class Scheduler:
         up, counted again on re-admission after preemption), preemptions,
         num_running, num_waiting, num_free_blocks (free or evictable),
         num_cached_blocks, num_blocks."""
+
+class GrammarCompiler:
+    """Compiles llguidance grammars for one model's vocabulary.
+
+    Built once per model: ``token_bytes[i]`` is what token i stands for
+    (special tokens as ``b"\\xff" + text``, see ``guided.tokenizer.token_bytes``);
+    ``end_token_ids`` is the model's whole end set (every one is allowed where
+    the grammar may end); ``vocab_size`` may exceed ``len(token_bytes)`` (a
+    padded embedding: the extra ids are never allowed). ``tokenize``, a
+    ``str -> list[int]`` callable giving the canonical tokens of plain text,
+    turns forced text into the tokens the model would see; without it greedy
+    longest-match stands in. Raises ValueError on a bad vocabulary.
+    """
+
+    def __init__(
+        self,
+        token_bytes: list[bytes],
+        end_token_ids: list[int],
+        vocab_size: int,
+        cache_size: int = 128,
+        tokenize: Callable[[str], list[int]] | None = None,
+    ) -> None: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def compile(self, grammar_json: str) -> Grammar:
+        """Compile a llguidance TopLevelGrammar (JSON text, e.g.
+        ``{"grammars": [{"json_schema": {...}}]}`` or ``[{"lark_grammar": "..."}]``)
+        or a bare Lark grammar. Results (failures too) are kept in an LRU
+        cache keyed by the text. Raises ValueError with llguidance's message
+        when the grammar is invalid or exceeds its limits; never crashes."""
+    def cache_stats(self) -> dict[str, int]:
+        """hits, misses, size, capacity."""
+
+class Grammar:
+    """A compiled grammar; cheap to start matchers from."""
+
+    def matcher(self) -> Matcher: ...
+
+class Matcher:
+    """One walk through a grammar, token by token. After an error (a rejected
+    token, a grammar limit) the mask is all zero and ``error()`` says why."""
+
+    def compute_mask(self) -> npt.NDArray[np.int32]:
+        """[ceil(vocab_size / 32)] bitmask: bit j of word i allows token 32*i + j.
+        Where the grammar may end, every end token is allowed; once it is
+        stopped, only the end tokens are."""
+    def consume_token(self, token: int) -> bool:
+        """Advance by one token; False if the grammar rejects it (the matcher
+        is then in error)."""
+    def consume_tokens(self, tokens: list[int]) -> bool: ...
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next (fast-forward), not consumed."""
+    def is_accepting(self) -> bool:
+        """Whether the grammar may end here."""
+    def is_stopped(self) -> bool:
+        """Whether it can go no further (complete, or failed)."""
+    def error(self) -> str | None: ...
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens."""

@@ -80,6 +80,53 @@ class TokenizerWrapper:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as one printable character:
+    printable Latin-1 bytes stand for themselves, the rest are shifted to
+    U+0100 and up in byte order. The inverse map: character → byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in keep}
+    shifted = (b for b in range(256) if b not in chars)
+    chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return {c: b for b, c in chars.items()}
+
+
+_SPECIAL_MARKER = b"\xff"  # llguidance's prefix for special tokens
+
+
+def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
+    """The bytes each token id stands for, as llguidance wants them: byte-level
+    BPE pieces decoded to raw bytes; special added tokens as b"\\xff" + their
+    text (grammars name them, text never produces them); other added tokens
+    as their UTF-8 text. Ids with no token get b"" (never allowed)."""
+    inverse = _byte_level_alphabet()
+    added = tokenizer.get_added_tokens_decoder()
+    out = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
+    for piece, tid in tokenizer.get_vocab(with_added_tokens=True).items():
+        if tid >= len(out):
+            out.extend([b""] * (tid + 1 - len(out)))
+        tok = added.get(tid)
+        if tok is not None:
+            out[tid] = (_SPECIAL_MARKER if tok.special else b"") + tok.content.encode()
+        elif all(c in inverse for c in piece):
+            out[tid] = bytes(inverse[c] for c in piece)
+        else:  # not byte-level (should not happen for our models): take the text
+            out[tid] = piece.encode()
+    return out
+
+
+def plain_encoder(tokenizer: Tokenizer):
+    """`str -> list[int]`: the canonical tokens of plain text, with no BOS and
+    no special-token parsing (a grammar's literal `<|im_end|>` stays text).
+    A private copy, so that flipping its settings never races the engine's."""
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.encode_special_tokens = True
+    tok.no_padding()
+    tok.no_truncation()
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
 

@@ -1,0 +1,488 @@
+//! Grammar-constrained decoding on top of llguidance: the tokenizer
+//! environment (built once per model), a compile cache shared by all
+//! requests, and one matcher per constrained sequence.
+//!
+//! Every llguidance call goes through [`guard`]: an error or a panic inside
+//! llguidance becomes an `Err(String)` for that one request (DESIGN rule 12).
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+
+/// Canonical tokenization of a string (the model's own tokenizer). Forced
+/// bytes are turned into tokens with it, so that fast-forwarded tokens are
+/// the ones the model would see for that text. None: it failed (greedy
+/// longest-match tokenization is used instead).
+pub type TokenizeFn = Arc<dyn Fn(&str) -> Option<Vec<u32>> + Send + Sync>;
+
+/// Run an llguidance call; errors and panics become a message.
+fn guard<T>(f: impl FnOnce() -> anyhow_like::Result<T>) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(p) => Err(panic_message(&p)),
+    }
+}
+
+/// llguidance returns `anyhow::Result`; we only need its Display.
+mod anyhow_like {
+    pub type Result<T> = std::result::Result<T, Box<dyn std::fmt::Display>>;
+
+    pub fn wrap<T, E: std::fmt::Display + 'static>(r: std::result::Result<T, E>) -> Result<T> {
+        r.map_err(|e| Box::new(e) as Box<dyn std::fmt::Display>)
+    }
+}
+use anyhow_like::wrap;
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("internal error in the grammar engine: {msg}")
+}
+
+/// The model's vocabulary as llguidance sees it.
+struct Env {
+    trie: TokTrie,
+    tokenize: Option<TokenizeFn>,
+}
+
+impl TokenizerEnv for Env {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        match &self.tokenize {
+            Some(f) => self.trie.tokenize_with_greedy_fallback(s, |s| {
+                f(s).unwrap_or_else(|| self.trie.greedy_tokenize(s.as_bytes()))
+            }),
+            None => self.trie.greedy_tokenize(s),
+        }
+    }
+
+    // Without a tokenizer, greedy longest-match stands in for it: good
+    // enough for forcing (the grammar accepts any tokenization of the bytes).
+    fn tokenize_is_canonical(&self) -> bool {
+        true
+    }
+}
+
+/// Words of one mask row: ceil(vocab / 32).
+pub fn mask_words(vocab_size: usize) -> usize {
+    vocab_size.div_ceil(32)
+}
+
+/// Compiles grammars for one model; compiled grammars are kept in an LRU
+/// cache keyed by the grammar text (failures too, so a bad grammar sent
+/// again fails fast).
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+    vocab_size: usize,
+    cache: Mutex<Lru>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: usize,
+    pub misses: usize,
+    pub size: usize,
+    pub capacity: usize,
+}
+
+type Compiled = Result<Grammar, String>;
+
+struct Lru {
+    map: HashMap<String, Compiled>,
+    order: VecDeque<String>,
+    capacity: usize,
+    hits: usize,
+    misses: usize,
+}
+
+impl Lru {
+    fn get(&mut self, key: &str) -> Option<Compiled> {
+        let v = self.map.get(key)?.clone();
+        if let Some(i) = self.order.iter().position(|k| k == key) {
+            let k = self.order.remove(i).expect("index is in range");
+            self.order.push_back(k);
+        }
+        Some(v)
+    }
+
+    fn put(&mut self, key: String, v: Compiled) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.map.insert(key.clone(), v).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+    }
+}
+
+impl GrammarCompiler {
+    /// `token_bytes[i]` is what token i stands for; special tokens are given
+    /// as `0xff` followed by their text. `vocab_size` may exceed the list
+    /// (a padded embedding): the extra ids are never allowed.
+    pub fn new(
+        token_bytes: Vec<Vec<u8>>,
+        end_token_ids: &[u32],
+        vocab_size: usize,
+        cache_size: usize,
+        tokenize: Option<TokenizeFn>,
+    ) -> Result<Self, String> {
+        if token_bytes.len() > vocab_size {
+            return Err(format!("{} token strings for a vocabulary of {vocab_size}", token_bytes.len()));
+        }
+        if end_token_ids.is_empty() {
+            return Err("at least one end token is needed: a grammar could never end".into());
+        }
+        if let Some(t) = end_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(format!("end token {t} is outside the vocabulary of {vocab_size}"));
+        }
+        let mut words = token_bytes;
+        words.resize(vocab_size, Vec::new());
+        let factory = guard(|| {
+            let info = TokRxInfo::new(vocab_size as u32, end_token_ids[0]);
+            let trie = TokTrie::from(&info, &words).with_eos_tokens(end_token_ids);
+            let env: TokEnv = Arc::new(Env { trie, tokenize });
+            let mut caps = InferenceCapabilities::default();
+            caps.ff_tokens = true;
+            let slices = llguidance::earley::SlicedBiasComputer::general_slices();
+            let mut f = wrap(ParserFactory::new(&env, caps, &slices))?;
+            f.quiet();
+            Ok(f)
+        })?;
+        let cache = Lru {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: cache_size,
+            hits: 0,
+            misses: 0,
+        };
+        Ok(GrammarCompiler { factory: Arc::new(factory), vocab_size, cache: Mutex::new(cache) })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Compile a llguidance TopLevelGrammar (JSON) or a bare Lark grammar.
+    pub fn compile(&self, grammar: &str) -> Result<Grammar, String> {
+        {
+            let mut cache = self.lock();
+            if let Some(hit) = cache.get(grammar) {
+                cache.hits += 1;
+                return hit;
+            }
+        }
+        // Compiled outside the lock: a slow grammar does not hold up others.
+        let compiled = self.compile_uncached(grammar);
+        let mut cache = self.lock();
+        cache.misses += 1;
+        cache.put(grammar.to_string(), compiled.clone());
+        compiled
+    }
+
+    fn compile_uncached(&self, text: &str) -> Result<Grammar, String> {
+        let factory = &self.factory;
+        let matcher = guard(|| {
+            let top = wrap(TopLevelGrammar::from_lark_or_grammar_list(text))?;
+            Ok(Matcher::new(factory.create_parser(top)))
+        })?;
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size })
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        let c = self.lock();
+        CacheStats { hits: c.hits, misses: c.misses, size: c.map.len(), capacity: c.capacity }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A compiled grammar: a fresh matcher to copy for each request.
+#[derive(Clone)]
+pub struct Grammar {
+    proto: Arc<Mutex<Matcher>>,
+    vocab_size: usize,
+}
+
+impl Grammar {
+    pub fn matcher(&self) -> GrammarMatcher {
+        let m = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        GrammarMatcher { m, vocab_size: self.vocab_size, error: None }
+    }
+}
+
+/// The grammar state of one sequence. Once an error is recorded the matcher
+/// allows nothing and keeps the first message.
+#[derive(Clone)]
+pub struct GrammarMatcher {
+    m: Matcher,
+    vocab_size: usize,
+    error: Option<String>,
+}
+
+impl std::fmt::Debug for GrammarMatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarMatcher").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl GrammarMatcher {
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn words(&self) -> usize {
+        mask_words(self.vocab_size)
+    }
+
+    fn fail(&mut self, msg: String) -> String {
+        self.error.get_or_insert(msg).clone()
+    }
+
+    /// Write the allowed-token bitmask into `out` (`words()` long): bit j of
+    /// word i allows token 32·i + j. On error the row is all zero.
+    pub fn fill_mask(&mut self, out: &mut [i32]) -> Result<(), String> {
+        out.fill(0);
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let m = &mut self.m;
+        let r = guard(|| {
+            // A stopped matcher allows only the end tokens.
+            wrap(m.compute_mask_or_eos())
+        });
+        match r {
+            Ok(v) => {
+                for (o, &w) in out.iter_mut().zip(v.as_slice()) {
+                    *o = w as i32;
+                }
+                clear_past(out, self.vocab_size);
+                if out.iter().all(|&w| w == 0) {
+                    return Err(self.fail("the grammar allows no token here".into()));
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    pub fn compute_mask(&mut self) -> (Vec<i32>, Option<String>) {
+        let mut out = vec![0i32; self.words()];
+        let err = self.fill_mask(&mut out).err();
+        (out, err)
+    }
+
+    /// Advance by one token; Err if the grammar rejects it.
+    pub fn consume(&mut self, token: u32) -> Result<(), String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let m = &mut self.m;
+        guard(|| wrap(m.consume_token(token))).map_err(|e| self.fail(e))
+    }
+
+    /// Consume as many of `tokens` as the grammar accepts, stopping at the
+    /// first it rejects (which leaves the state as it was, not in error).
+    pub fn try_consume(&mut self, tokens: &[u32]) -> Result<usize, String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let m = &mut self.m;
+        guard(|| wrap(m.try_consume_tokens(tokens))).map_err(|e| self.fail(e))
+    }
+
+    /// Tokens the grammar forces next (also caches them for the next mask,
+    /// so the mask thread need not tokenize).
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        if self.error.is_some() {
+            return Vec::new();
+        }
+        let m = &mut self.m;
+        guard(|| Ok(m.compute_ff_tokens())).unwrap_or_default()
+    }
+
+    pub fn is_accepting(&mut self) -> bool {
+        let m = &mut self.m;
+        self.error.is_none() && guard(|| wrap(m.is_accepting())).unwrap_or(false)
+    }
+
+    /// True once the grammar cannot go on (completed or failed).
+    pub fn is_stopped(&self) -> bool {
+        self.error.is_some() || self.m.is_stopped()
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.error.clone().or_else(|| self.m.get_error())
+    }
+
+    pub fn rollback(&mut self, n: usize) -> Result<(), String> {
+        let m = &mut self.m;
+        guard(|| wrap(m.rollback(n))).map_err(|e| self.fail(e))
+    }
+}
+
+/// Bits for token ids >= vocab_size are never set.
+fn clear_past(out: &mut [i32], vocab_size: usize) {
+    let full = vocab_size / 32;
+    if full < out.len() {
+        let rem = vocab_size % 32;
+        out[full] &= if rem == 0 { 0 } else { ((1u32 << rem) - 1) as i32 };
+        out[full + 1..].fill(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Single bytes a-z, digits, punctuation, a few multi-byte tokens and an
+    /// end token.
+    fn vocab() -> (Vec<Vec<u8>>, u32) {
+        let mut words: Vec<Vec<u8>> = Vec::new();
+        for b in b"abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, \n-." {
+            words.push(vec![*b]);
+        }
+        for w in ["\"name\"", "\"age\"", "true", "false", "null", "yes", "no"] {
+            words.push(w.as_bytes().to_vec());
+        }
+        words.push(b"\xff<|end|>".to_vec());
+        let eos = words.len() as u32 - 1;
+        (words, eos)
+    }
+
+    fn compiler() -> (GrammarCompiler, u32) {
+        let (words, eos) = vocab();
+        let n = words.len();
+        (GrammarCompiler::new(words, &[eos], n + 7, 4, None).unwrap(), eos)
+    }
+
+    fn allowed(m: &mut GrammarMatcher) -> Vec<u32> {
+        let (mask, _) = m.compute_mask();
+        (0..m.vocab_size() as u32).filter(|&t| (mask[t as usize / 32] as u32) >> (t % 32) & 1 == 1).collect()
+    }
+
+    fn tok(s: &str) -> u32 {
+        let (words, _) = vocab();
+        words.iter().position(|w| w == s.as_bytes()).unwrap() as u32
+    }
+
+    fn lark(body: &str) -> String {
+        format!("{{\"grammars\": [{{\"lark_grammar\": {body:?}}}]}}")
+    }
+
+    #[test]
+    fn choice_masks_and_ends() {
+        let (c, eos) = compiler();
+        let g = c.compile(&lark("start: \"yes\" | \"no\"")).unwrap();
+        let mut m = g.matcher();
+        let a = allowed(&mut m);
+        assert!(a.contains(&tok("yes")) && a.contains(&tok("no")) && a.contains(&tok("y")));
+        assert!(!a.contains(&tok("a")) && !a.contains(&eos));
+        m.consume(tok("no")).unwrap();
+        assert!(m.is_accepting());
+        // "no" cannot be extended: the grammar is done, only the end token is left.
+        assert!(m.is_stopped());
+        assert_eq!(allowed(&mut m), vec![eos]);
+    }
+
+    #[test]
+    fn rejected_token_is_an_error_not_a_panic() {
+        let (c, _) = compiler();
+        let mut m = c.compile(&lark("start: \"yes\"")).unwrap().matcher();
+        assert!(m.consume(tok("q")).is_err());
+        assert!(m.error().is_some());
+        let (mask, err) = m.compute_mask();
+        assert!(mask.iter().all(|&w| w == 0) && err.is_some());
+    }
+
+    #[test]
+    fn bad_grammars_are_messages_and_cached() {
+        let (c, _) = compiler();
+        let e = c.compile(&lark("start: foo")).err().unwrap();
+        assert!(e.contains("foo"), "{e}");
+        assert!(c.compile("{\"grammars\": 3}").is_err());
+        assert!(c.compile("").is_err());
+        c.compile(&lark("start: foo")).err().unwrap();
+        let s = c.cache_stats();
+        assert_eq!((s.hits, s.misses), (1, 3));
+    }
+
+    #[test]
+    fn lru_evicts_the_oldest() {
+        let (c, _) = compiler();
+        for i in 0..6 {
+            c.compile(&lark(&format!("start: \"a{i}\""))).unwrap();
+        }
+        assert_eq!(c.cache_stats().size, 4);
+        c.compile(&lark("start: \"a5\"")).unwrap();
+        c.compile(&lark("start: \"a0\"")).unwrap();
+        let s = c.cache_stats();
+        assert_eq!((s.hits, s.misses), (1, 7));
+    }
+
+    #[test]
+    fn json_schema_forces_keys() {
+        let (c, _) = compiler();
+        let schema = r#"{"grammars": [{"json_schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": false}}]}"#;
+        let mut m = c.compile(schema).unwrap().matcher();
+        let forced = m.forced_tokens();
+        assert!(!forced.is_empty());
+        for t in forced {
+            m.consume(t).unwrap();
+        }
+        // `{"name":` may be forced; after it a string value must start.
+        let a = allowed(&mut m);
+        assert!(a.contains(&tok("\"")) || a.contains(&tok(":")), "{a:?}");
+    }
+
+    #[test]
+    fn padded_vocab_ids_are_never_allowed() {
+        let (c, _) = compiler();
+        let mut m = c.compile(&lark("start: /[a-z]+/")).unwrap().matcher();
+        let (words, _) = vocab();
+        let a = allowed(&mut m);
+        assert!(a.iter().all(|&t| (t as usize) < words.len()));
+        assert_eq!(m.words(), (words.len() + 7).div_ceil(32));
+    }
+
+    #[test]
+    fn rollback_restores_the_state() {
+        let (c, _) = compiler();
+        let mut m = c.compile(&lark("start: \"ab\" | \"cd\"")).unwrap().matcher();
+        m.consume(tok("a")).unwrap();
+        assert_eq!(m.try_consume(&[tok("q")]), Ok(0));
+        assert!(m.error().is_none());
+        m.rollback(1).unwrap();
+        m.consume(tok("c")).unwrap();
+        m.consume(tok("d")).unwrap();
+        assert!(m.is_accepting());
+    }
+
+    #[test]
+    fn bad_vocabularies_are_refused() {
+        let (words, eos) = vocab();
+        assert!(GrammarCompiler::new(words.clone(), &[], 100, 1, None).is_err());
+        assert!(GrammarCompiler::new(words.clone(), &[eos], 3, 1, None).is_err());
+        assert!(GrammarCompiler::new(words, &[500], 100, 1, None).is_err());
+    }
+}
