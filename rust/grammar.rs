@@ -351,13 +351,13 @@ fn clear_past(out: &mut [i32], vocab_size: usize) {
     }
 }
 
+/// A tiny vocabulary for unit tests here and in the scheduler.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub mod testing {
 
     /// Single bytes a-z, digits, punctuation, a few multi-byte tokens and an
-    /// end token.
-    fn vocab() -> (Vec<Vec<u8>>, u32) {
+    /// end token (the last).
+    pub fn vocab() -> (Vec<Vec<u8>>, u32) {
         let mut words: Vec<Vec<u8>> = Vec::new();
         for b in b"abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, \n-." {
             words.push(vec![*b]);
@@ -370,6 +370,22 @@ mod tests {
         (words, eos)
     }
 
+    /// The id of a token of [`vocab`].
+    pub fn tok(s: &str) -> u32 {
+        let (words, _) = vocab();
+        words.iter().position(|w| w == s.as_bytes()).unwrap() as u32
+    }
+
+    pub fn lark(body: &str) -> String {
+        format!("{{\"grammars\": [{{\"lark_grammar\": {body:?}}}]}}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
     fn compiler() -> (GrammarCompiler, u32) {
         let (words, eos) = vocab();
         let n = words.len();
@@ -379,15 +395,6 @@ mod tests {
     fn allowed(m: &mut GrammarMatcher) -> Vec<u32> {
         let (mask, _) = m.compute_mask();
         (0..m.vocab_size() as u32).filter(|&t| (mask[t as usize / 32] as u32) >> (t % 32) & 1 == 1).collect()
-    }
-
-    fn tok(s: &str) -> u32 {
-        let (words, _) = vocab();
-        words.iter().position(|w| w == s.as_bytes()).unwrap() as u32
-    }
-
-    fn lark(body: &str) -> String {
-        format!("{{\"grammars\": [{{\"lark_grammar\": {body:?}}}]}}")
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod block_manager;
 pub mod grammar;
+pub mod masks;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

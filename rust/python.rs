@@ -6,13 +6,14 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2,
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::python_grammar::PyGrammar;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::RequestParams;
 
 /// (tokens, logprobs)
 type Draws<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
-/// (seq_id, token, finish_reason, num_cached_tokens)
-type Event = (u64, i64, Option<&'static str>, usize);
+/// (seq_id, token, finish_reason, num_cached_tokens, forced_tokens, error)
+type Event = (u64, i64, Option<&'static str>, usize, Vec<u32>, Option<String>);
 
 fn to_py(e: Error) -> PyErr {
     match e {
@@ -55,7 +56,8 @@ impl PyScheduler {
     #[pyo3(signature = (seq_id, prompt_token_ids, *, max_tokens, temperature = 0.0, top_p = 1.0,
                         top_k = 0, min_p = 0.0, seed = None, presence_penalty = 0.0,
                         frequency_penalty = 0.0, repetition_penalty = 1.0,
-                        stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0))]
+                        stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0,
+                        logit_bias = Vec::new(), grammar = None, fast_forward = true))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -73,7 +75,10 @@ impl PyScheduler {
         stop_token_ids: Vec<i64>,
         ignore_eos: bool,
         min_tokens: i64,
-    ) -> PyResult<()> {
+        logit_bias: Vec<(i64, f64)>,
+        grammar: Option<PyRef<'_, PyGrammar>>,
+        fast_forward: bool,
+    ) -> PyResult<Vec<u32>> {
         let req = RequestParams {
             max_tokens,
             temperature,
@@ -87,12 +92,22 @@ impl PyScheduler {
             stop_token_ids,
             ignore_eos,
             min_tokens,
+            logit_bias,
         };
-        self.inner.add_request(seq_id, &prompt_token_ids, &req).map_err(to_py)
+        let grammar = grammar.as_ref().map(|g| &g.inner);
+        self.inner.add_constrained(seq_id, &prompt_token_ids, &req, grammar, fast_forward).map_err(to_py)
     }
 
+    // Calls that may wait for the mask thread release the GIL: the thread
+    // may need it (a Python tokenizer).
+
     fn schedule(&mut self, py: Python<'_>) -> Option<PyStepPlan> {
-        self.inner.schedule().map(|plan| PyStepPlan::new(py, plan))
+        let inner = &mut self.inner;
+        py.detach(|| inner.schedule()).map(|plan| PyStepPlan::new(py, plan))
+    }
+
+    fn start_masks(&mut self) -> PyResult<()> {
+        self.inner.start_masks().map_err(to_py)
     }
 
     #[pyo3(signature = (logits, allowed = None))]
@@ -116,12 +131,13 @@ impl PyScheduler {
         Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py)))
     }
 
-    fn update(&mut self, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<Event>> {
+    fn update(&mut self, py: Python<'_>, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<Event>> {
         let sampled = sampled.as_array().to_vec();
-        let out = self.inner.update(&sampled).map_err(to_py)?;
+        let inner = &mut self.inner;
+        let out = py.detach(|| inner.update(&sampled)).map_err(to_py)?;
         Ok(out
             .into_iter()
-            .map(|o| (o.seq_id, o.token, o.finish_reason.map(|r| r.as_str()), o.num_cached_tokens))
+            .map(|o| (o.seq_id, o.token, o.finish_reason.map(|r| r.as_str()), o.num_cached_tokens, o.forced, o.error))
             .collect())
     }
 

@@ -1,6 +1,6 @@
 //! CPU sampling over a batch of logits rows, rows in parallel.
 //!
-//! Per row: repetition penalty → frequency/presence penalties → temperature
+//! Per row: repetition penalty → frequency/presence penalties → logit bias → temperature
 //! → allowed-token mask → top-k → top-p → min-p → a draw from the row's own
 //! seeded RNG. A disallowed token always has probability zero; a row whose
 //! mask allows nothing yields token -1 rather than an arbitrary token.
@@ -28,6 +28,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub repetition_penalty: f32,
+    /// (token, bias) added to the logits before temperature; tokens outside
+    /// the vocabulary are ignored.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +43,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -64,6 +68,9 @@ impl SamplingParams {
             if !v.is_finite() {
                 return Err(format!("{name} must be a finite number, got {v}"));
             }
+        }
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(format!("logit_bias for token {t} must be a finite number, got {b}"));
         }
         Ok(())
     }
@@ -102,8 +109,25 @@ pub fn sample_batch(
     rows: &[Row<'_>],
     rngs: &mut [SeqRng],
 ) -> Vec<Sampled> {
+    let masks: Vec<Option<&[i32]>> = match mask {
+        Some((words, w)) => (0..rows.len()).map(|i| Some(&words[i * w..(i + 1) * w])).collect(),
+        None => vec![None; rows.len()],
+    };
+    sample_rows(logits, vocab, &masks, rows, rngs)
+}
+
+/// Like [`sample_batch`], with each row's own mask (None: unconstrained, so
+/// such a row samples exactly as it would in a batch without masks).
+pub fn sample_rows(
+    logits: &[f32],
+    vocab: usize,
+    masks: &[Option<&[i32]>],
+    rows: &[Row<'_>],
+    rngs: &mut [SeqRng],
+) -> Vec<Sampled> {
     assert_eq!(logits.len(), rows.len() * vocab, "logits shape");
     assert_eq!(rngs.len(), rows.len(), "one rng per row");
+    assert_eq!(masks.len(), rows.len(), "one mask slot per row");
     if vocab == 0 {
         return vec![NOTHING; rows.len()];
     }
@@ -111,11 +135,8 @@ pub fn sample_batch(
         .par_chunks(vocab)
         .zip(rows.par_iter())
         .zip(rngs.par_iter_mut())
-        .enumerate()
-        .map(|(i, ((row_logits, row), rng))| {
-            let row_mask = mask.map(|(words, w)| &words[i * w..(i + 1) * w]);
-            sample_row(row_logits, row_mask, row, rng)
-        })
+        .zip(masks.par_iter())
+        .map(|(((row_logits, row), rng), mask)| sample_row(row_logits, *mask, row, rng))
         .collect()
 }
 
@@ -125,6 +146,11 @@ pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut
     let p = row.params;
     apply_repetition_penalty(&mut x, row.prompt, row.output, p.repetition_penalty);
     apply_frequency_presence(&mut x, row.output, p.frequency_penalty, p.presence_penalty);
+    for &(t, b) in &p.logit_bias {
+        if let Some(v) = x.get_mut(t as usize) {
+            *v += b;
+        }
+    }
     ban(&mut x, row.banned);
     if let Some(words) = mask {
         apply_mask(&mut x, words);
@@ -593,6 +619,16 @@ mod tests {
         assert_eq!(one(&logits, &params(0.0), Some(&words), 0).token, 69);
         words[0] = -1; // all 32 tokens of word 0, sign bit included
         assert_eq!(one(&logits, &params(0.0), Some(&words), 0).token, 3);
+    }
+
+    #[test]
+    fn logit_bias_shifts_before_the_mask() {
+        let p = SamplingParams { logit_bias: vec![(4, 10.0), (99, 5.0)], ..params(0.0) };
+        assert_eq!(one(&LOGITS, &p, None, 0).token, 4);
+        // The mask still wins over any bias.
+        assert_eq!(one(&LOGITS, &p, Some(&[0b100]), 0).token, 2);
+        let bad = SamplingParams { logit_bias: vec![(1, f32::NAN)], ..params(0.0) };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -11,9 +11,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::time::Instant;
 
 use crate::block_manager::BlockManager;
-use crate::sampling::{sample_batch, Row, Sampled, SamplingParams};
+use crate::grammar::Grammar;
+use crate::masks::{MaskBatch, MaskJob, MaskRow};
+use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
 use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -70,14 +73,18 @@ pub struct StepPlan {
     pub num_tokens: usize,
 }
 
-/// One sampled row after `update()`: `token` is -1 when the mask allowed
-/// nothing (then the reason is Error).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One sampled row after `update()`: `token` is -1 when it was not appended
+/// (the mask allowed nothing, or the grammar rejected it; then the reason is
+/// Error). `forced` are the tokens the grammar forced after it, appended
+/// without sampling; `error` says why a row failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepOutput {
     pub seq_id: SeqId,
     pub token: i64,
     pub finish_reason: Option<FinishReason>,
     pub num_cached_tokens: usize,
+    pub forced: Vec<u32>,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -85,6 +92,14 @@ pub struct Counters {
     pub prefix_cache_hit_tokens: usize,
     pub prefix_cache_queries: usize,
     pub preemptions: usize,
+    /// Tokens appended by fast-forward, without sampling.
+    pub forced_tokens: usize,
+    /// Wall time of the mask jobs, and how much of it sample() waited for:
+    /// the difference was hidden behind the forward pass.
+    pub mask_time_us: u64,
+    pub mask_wait_us: u64,
+    /// Row masks computed.
+    pub mask_rows: usize,
 }
 
 /// The plan whose forward pass is (or was last) in flight.
@@ -106,6 +121,8 @@ pub struct Scheduler {
     /// In admission order: the last one is preempted first.
     running: Vec<SeqId>,
     in_flight: Option<InFlight>,
+    /// The masks of the plan in flight, while they are computed.
+    masks: Option<MaskJob>,
     counters: Counters,
     next_arrival: u64,
 }
@@ -137,6 +154,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             in_flight: None,
+            masks: None,
             counters: Counters::default(),
             next_arrival: 0,
             cfg,
@@ -150,6 +168,20 @@ impl Scheduler {
     /// Queue a request; on error nothing changes.
     /// `seq_id` must be in [0, 2**63) (plans carry ids as int64).
     pub fn add_request(&mut self, seq_id: i128, prompt: &[i64], req: &RequestParams) -> Result<(), Error> {
+        self.add_constrained(seq_id, prompt, req, None, true).map(|_| ())
+    }
+
+    /// Queue a request under a grammar (None: unconstrained). Returns the
+    /// tokens the grammar forces at the start, already appended to the
+    /// output when `fast_forward` is on.
+    pub fn add_constrained(
+        &mut self,
+        seq_id: i128,
+        prompt: &[i64],
+        req: &RequestParams,
+        grammar: Option<&Grammar>,
+        fast_forward: bool,
+    ) -> Result<Vec<u32>, Error> {
         let Some(seq_id) = u64::try_from(seq_id).ok().filter(|&id| id <= i64::MAX as u64) else {
             return invalid(format!("seq_id must be in [0, 2**63), got {seq_id}"));
         };
@@ -159,11 +191,16 @@ impl Scheduler {
         self.check_prompt_len(prompt.len())?;
         let tokens = token_ids("prompt token ids", prompt).map_err(Error::Invalid)?;
         let v = req.validate().map_err(Error::Invalid)?;
-        let seq = Sequence::new(seq_id, tokens, v.sampling, v.stop, v.seed, self.next_arrival);
+        let mut seq = Sequence::new(seq_id, tokens, v.sampling, v.stop, v.seed, self.next_arrival);
+        let forced = match grammar {
+            Some(g) => seq.constrain(g.matcher(), fast_forward),
+            None => Vec::new(),
+        };
+        self.counters.forced_tokens += forced.len();
         self.next_arrival += 1;
         self.seqs.insert(seq_id, seq);
         self.waiting.push_back(seq_id);
-        Ok(())
+        Ok(forced)
     }
 
     fn check_prompt_len(&self, n: usize) -> Result<(), Error> {
@@ -209,6 +246,10 @@ impl Scheduler {
             ("prefix_cache_hit_tokens", self.counters.prefix_cache_hit_tokens),
             ("prefix_cache_queries", self.counters.prefix_cache_queries),
             ("preemptions", self.counters.preemptions),
+            ("forced_tokens", self.counters.forced_tokens),
+            ("mask_time_us", self.counters.mask_time_us as usize),
+            ("mask_wait_us", self.counters.mask_wait_us as usize),
+            ("mask_rows", self.counters.mask_rows),
             ("num_running", self.running.len()),
             ("num_waiting", self.waiting.len()),
             ("num_free_blocks", self.bm.num_free_blocks()),
@@ -242,6 +283,7 @@ impl Scheduler {
 
     /// The next step's work, or `None` when there is nothing to run.
     pub fn schedule(&mut self) -> Option<StepPlan> {
+        self.join_masks(); // masks started for a plan that never sampled
         if let Some(flight) = self.in_flight.take() {
             self.drop_unsampled(&flight);
         }
@@ -399,8 +441,77 @@ impl Scheduler {
 
     // ---- sample and update ---------------------------------------------
 
+    // ---- grammar masks ---------------------------------------------------
+
+    /// Start computing the grammar masks of the last plan's sampling rows on
+    /// a background thread; `sample()` joins it. Call it right after
+    /// `schedule()`, before the forward pass, so the two overlap. A no-op
+    /// when no row has a grammar or the job is already started.
+    pub fn start_masks(&mut self) -> Result<(), Error> {
+        let Some(flight) = &self.in_flight else {
+            return Err(Error::State("start_masks() called with no plan: call schedule() first".into()));
+        };
+        if self.masks.is_some() {
+            return Ok(());
+        }
+        let rows: Vec<MaskRow> = flight
+            .sample_ids
+            .iter()
+            .map(|id| {
+                let c = self.seqs.get_mut(id)?.constraint.as_mut()?;
+                Some((*id, c.matcher.take()?, None))
+            })
+            .collect();
+        if rows.iter().any(Option::is_some) {
+            self.masks = Some(MaskJob::spawn(rows));
+        }
+        Ok(())
+    }
+
+    /// Wait for the mask job, if any, and give the matchers back to their
+    /// sequences (those aborted meanwhile are dropped).
+    fn join_masks(&mut self) -> Option<MaskBatch> {
+        let job = self.masks.take()?;
+        let t0 = Instant::now();
+        let batch = job.join();
+        self.counters.mask_wait_us += t0.elapsed().as_micros() as u64;
+        let mut batch = batch?;
+        self.counters.mask_time_us += batch.elapsed_us;
+        for (id, m, err) in std::mem::take(&mut batch.rows).into_iter().flatten() {
+            self.counters.mask_rows += 1;
+            if let Some(c) = self.seqs.get_mut(&id).and_then(|s| s.constraint.as_mut()) {
+                c.mask_error = err;
+                c.matcher = Some(m);
+            }
+        }
+        Some(batch)
+    }
+
+    /// Each row's mask: the grammar's, the caller's, or both ANDed (words
+    /// past the shorter one are disallowed).
+    fn row_masks<'a>(
+        batch: Option<&'a MaskBatch>,
+        external: Option<(&'a [i32], usize)>,
+        rows: usize,
+    ) -> Vec<std::borrow::Cow<'a, [i32]>> {
+        use std::borrow::Cow;
+        let ext = |i: usize| external.map(|(w, n)| &w[i * n..(i + 1) * n]);
+        (0..rows)
+            .map(|i| match (batch.and_then(|b| b.row(i)), ext(i)) {
+                (Some(g), None) => Cow::Borrowed(g),
+                (None, Some(e)) => Cow::Borrowed(e),
+                (Some(g), Some(e)) => Cow::Owned(g.iter().zip(e).map(|(a, b)| a & b).collect()),
+                (None, None) => Cow::Borrowed(&[][..]),
+            })
+            .collect()
+    }
+
+    // ---- sample and update ---------------------------------------------
+
     /// Sample the last plan's rows. `logits` is `rows × vocab`; `mask`, if
-    /// given, is `rows × words` (tokens past the mask are disallowed).
+    /// given, is `rows × words` (tokens past the mask are disallowed) and is
+    /// ANDed with the rows' grammar masks (computed here if `start_masks()`
+    /// was not called).
     pub fn sample(
         &mut self,
         logits: &[f32],
@@ -420,6 +531,11 @@ impl Scheduler {
                 return invalid(format!("the mask has {} rows; the last plan samples {rows} rows", words.len() / w.max(1)));
             }
         }
+        self.start_masks()?;
+        let batch = self.join_masks();
+        let constrained: Vec<bool> = (0..rows).map(|i| batch.as_ref().is_some_and(|b| b.row(i).is_some()) || mask.is_some()).collect();
+        let owned = Self::row_masks(batch.as_ref(), mask, rows);
+        let masks: Vec<Option<&[i32]>> = owned.iter().zip(&constrained).map(|(m, &c)| c.then_some(&m[..])).collect();
         // Rows of sequences aborted since schedule() get a stand-in and -1.
         let stand_in = SamplingParams::default();
         let live: Vec<Option<&Sequence>> = ids.iter().map(|id| self.seqs.get(id)).collect();
@@ -433,7 +549,7 @@ impl Scheduler {
             })
             .collect();
         let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| crate::sampling::new_rng(Some(0)), |s| s.rng.clone())).collect();
-        let mut out = sample_batch(logits, vocab, mask, &rows_in, &mut rngs);
+        let mut out = sample_rows(logits, vocab, &masks, &rows_in, &mut rngs);
         for ((id, rng), o) in ids.iter().zip(rngs).zip(&mut out) {
             match self.seqs.get_mut(id) {
                 Some(seq) => seq.rng = rng,
@@ -458,21 +574,22 @@ impl Scheduler {
             self.in_flight = Some(flight);
             return invalid(format!("update() got {} tokens; the last plan samples {n} rows", sampled.len()));
         }
+        self.join_masks(); // started, but sampled elsewhere
         self.commit(&flight.seq_ids);
         let mut out = Vec::with_capacity(sampled.len());
         for (&id, &token) in flight.sample_ids.iter().zip(sampled) {
             let Some(seq) = self.seqs.get_mut(&id) else { continue };
-            let reason = match u32::try_from(token) {
-                Ok(t) => seq.append(t, &self.eos, self.max_len),
-                Err(_) => Some(FinishReason::Error), // the mask allowed nothing
-            };
+            let c = seq.commit(token, &self.eos, self.max_len);
+            self.counters.forced_tokens += c.forced.len();
             out.push(StepOutput {
                 seq_id: id,
-                token,
-                finish_reason: reason,
+                token: if c.appended { token } else { -1 },
+                finish_reason: c.reason,
                 num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
+                forced: c.forced,
+                error: c.error,
             });
-            if reason.is_some() {
+            if c.reason.is_some() {
                 self.forget(id);
             }
         }
@@ -533,7 +650,7 @@ mod tests {
         assert_eq!(plan.sample_seq_ids, vec![7]);
         assert!(!plan.is_decode_only);
         let out = s.update(&[5]).unwrap();
-        assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0 }]);
+        assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], error: None }]);
         let plan = s.schedule().unwrap();
         assert_eq!((plan.input_ids.clone(), plan.positions.clone()), (vec![5], vec![40]));
         assert_eq!(plan.context_lens, vec![41]);
@@ -754,6 +871,144 @@ mod tests {
         // Token 0 is the end token and has the highest logit.
         let out = s.sample(&[9.0, 1.0, 0.5], 1, 3, None).unwrap();
         assert_eq!(out[0].token, 1);
+    }
+
+    // ---- grammars ------------------------------------------------------
+
+    mod constrained {
+        use super::*;
+        use crate::grammar::testing::{lark, tok, vocab};
+        use crate::grammar::GrammarCompiler;
+
+        fn setup() -> (Scheduler, GrammarCompiler, usize, u32) {
+            let (words, eos) = vocab();
+            let v = words.len();
+            let compiler = GrammarCompiler::new(words, &[eos], v, 8, None).unwrap();
+            let mut c = cfg(64, 4);
+            c.eos_token_ids = vec![eos as i64];
+            (Scheduler::new(c).unwrap(), compiler, v, eos)
+        }
+
+        /// Logits that favour `best` (then every other token equally).
+        fn favour(v: usize, rows: &[u32]) -> Vec<f32> {
+            rows.iter().flat_map(|&best| (0..v).map(move |t| if t as u32 == best { 5.0 } else { 0.0 })).collect()
+        }
+
+        /// One step: schedule, masks, sample from `want` logits, update.
+        fn step(s: &mut Scheduler, v: usize, want: &[u32]) -> Vec<StepOutput> {
+            let plan = s.schedule().unwrap();
+            s.start_masks().unwrap();
+            let n = plan.sample_seq_ids.len();
+            let out = s.sample(&favour(v, &want[..n]), n, v, None).unwrap();
+            s.update(&out.iter().map(|o| o.token).collect::<Vec<_>>()).unwrap()
+        }
+
+        #[test]
+        fn the_mask_is_hard_and_the_grammar_ends_the_sequence() {
+            let (mut s, c, v, _) = setup();
+            let g = c.compile(&lark("start: \"yes\" | \"no\"")).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true).unwrap();
+            s.add_request(2, &prompt(5, 1), &req(10)).unwrap();
+            // Both favour "a": only the free row may take it.
+            let out = step(&mut s, v, &[tok("a"), tok("a")]);
+            assert_ne!(out[0].token, i64::from(tok("a")));
+            assert_eq!(out[1].token, i64::from(tok("a")));
+            // "n" is followed by the forced "o", which completes the grammar:
+            // finish "stop" without an end token.
+            assert_eq!(out[0].token, i64::from(tok("n")));
+            assert_eq!(out[0].forced, vec![tok("o")]);
+            assert_eq!(out[0].finish_reason, Some(FinishReason::Stop));
+            s.add_constrained(3, &prompt(5, 2), &req(10), Some(&g), true).unwrap();
+            let out = step(&mut s, v, &[tok("a"), tok("yes")]);
+            assert_eq!((out[1].token, out[1].finish_reason), (i64::from(tok("yes")), Some(FinishReason::Stop)));
+            let stats: HashMap<_, _> = s.stats().into_iter().collect();
+            assert_eq!(stats["mask_rows"], 2);
+            assert_eq!(stats["forced_tokens"], 1);
+        }
+
+        #[test]
+        fn fast_forward_appends_forced_tokens_as_a_chunk() {
+            let (mut s, c, _, _) = setup();
+            let g = c.compile(&lark("start: \"a\" \"name\" \"b\"")).unwrap();
+            // "a" is forced from the start: appended to the output at once.
+            let forced = s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true).unwrap();
+            assert!(!forced.is_empty());
+            let plan = s.schedule().unwrap();
+            assert_eq!(plan.num_tokens, 5 + forced.len());
+            assert_eq!(plan.positions.last(), Some(&((4 + forced.len()) as i64)));
+            assert_eq!(s.counters().forced_tokens, forced.len());
+        }
+
+        #[test]
+        fn fast_forward_off_samples_the_same_tokens() {
+            let run = |ff: bool| {
+                let (mut s, c, v, eos) = setup();
+                let g = c.compile(&lark("start: \"ab\" /[0-9]/ \"cd\"")).unwrap();
+                let mut toks: Vec<u32> = s.add_constrained(1, &prompt(5, 0), &req(20), Some(&g), ff).unwrap();
+                for _ in 0..20 {
+                    let Some(plan) = s.schedule() else { break };
+                    let n = plan.sample_seq_ids.len();
+                    let out = s.sample(&favour(v, &vec![tok("7"); n]), n, v, None).unwrap();
+                    for o in s.update(&out.iter().map(|o| o.token).collect::<Vec<_>>()).unwrap() {
+                        toks.extend(u32::try_from(o.token));
+                        toks.extend(o.forced);
+                    }
+                }
+                let text: Vec<u8> = toks.iter().filter(|&&t| t != eos).flat_map(|&t| vocab().0[t as usize].clone()).collect();
+                (String::from_utf8(text).unwrap(), s.counters().forced_tokens)
+            };
+            let (on, forced_on) = run(true);
+            let (off, forced_off) = run(false);
+            assert_eq!(on, "ab7cd");
+            assert_eq!(off, on);
+            assert!(forced_on > 0);
+            assert_eq!(forced_off, 0);
+        }
+
+        #[test]
+        fn a_rejected_token_fails_the_row_with_a_message() {
+            let (mut s, c, _, _) = setup();
+            let g = c.compile(&lark("start: \"yes\"")).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
+            s.schedule().unwrap();
+            let out = s.update(&[i64::from(tok("q"))]).unwrap();
+            assert_eq!(out[0].finish_reason, Some(FinishReason::Error));
+            assert_eq!(out[0].token, -1);
+            assert!(out[0].error.as_deref().unwrap().contains("not allowed"));
+            assert!(!s.has_unfinished());
+        }
+
+        #[test]
+        fn masks_started_then_aborted_or_never_sampled_are_fine() {
+            let (mut s, c, v, _) = setup();
+            let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true).unwrap();
+            s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), true).unwrap();
+            s.schedule().unwrap();
+            s.start_masks().unwrap();
+            s.abort(1, "abort");
+            let out = s.sample(&favour(v, &[tok("1"), tok("1")]), 2, v, None).unwrap();
+            assert_eq!(out[0].token, -1);
+            assert!(out[1].token >= 0 && out[1].token != i64::from(tok("1")));
+            // A plan whose masks were started but never sampled.
+            s.schedule().unwrap();
+            s.start_masks().unwrap();
+            s.schedule().unwrap();
+            let out = step(&mut s, v, &[tok("x")]);
+            assert_eq!(out[0].finish_reason, None);
+        }
+
+        #[test]
+        fn end_tokens_are_allowed_where_the_grammar_accepts_despite_min_tokens() {
+            let (mut s, c, v, eos) = setup();
+            let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
+            let r = RequestParams { min_tokens: 5, ..req(10) };
+            s.add_constrained(1, &prompt(5, 0), &r, Some(&g), true).unwrap();
+            step(&mut s, v, &[tok("x")]);
+            let out = step(&mut s, v, &[eos]);
+            assert_eq!(out[0].token, i64::from(eos));
+            assert_eq!(out[0].finish_reason, Some(FinishReason::Stop));
+        }
     }
 
     // ---- simulation against a fake model -------------------------------

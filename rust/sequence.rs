@@ -1,6 +1,7 @@
 //! Per-request token state.
 
 use crate::block_manager::SeqBlocks;
+use crate::grammar::GrammarMatcher;
 use crate::sampling::{new_rng, SamplingParams, SeqRng};
 
 pub type SeqId = u64;
@@ -59,6 +60,8 @@ pub struct RequestParams {
     pub stop_token_ids: Vec<i64>,
     pub ignore_eos: bool,
     pub min_tokens: i64,
+    /// Added to the logits of these tokens (OpenAI's logit_bias).
+    pub logit_bias: Vec<(i64, f64)>,
 }
 
 impl Default for RequestParams {
@@ -76,6 +79,7 @@ impl Default for RequestParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -107,6 +111,7 @@ impl RequestParams {
             presence_penalty: self.presence_penalty as f32,
             frequency_penalty: self.frequency_penalty as f32,
             repetition_penalty: self.repetition_penalty as f32,
+            logit_bias: self.logit_bias()?,
         };
         sampling.validate()?;
         let stop = StopParams {
@@ -123,12 +128,52 @@ impl RequestParams {
     }
 }
 
+impl RequestParams {
+    fn logit_bias(&self) -> Result<Vec<(u32, f32)>, String> {
+        let ids: Vec<i64> = self.logit_bias.iter().map(|b| b.0).collect();
+        let ids = token_ids("logit_bias token ids", &ids)?;
+        Ok(ids.into_iter().zip(&self.logit_bias).map(|(t, b)| (t, b.1 as f32)).collect())
+    }
+}
+
 /// Token ids from Python ints, each in [0, 2**32).
 pub fn token_ids(what: &str, ids: &[i64]) -> Result<Vec<u32>, String> {
     ids.iter()
         .map(|&t| u32::try_from(t).map_err(|_| format!("{what} must be in [0, 2**32), got {t}")))
         .collect()
 }
+
+/// The grammar of a constrained sequence.
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    /// None while the mask thread holds it.
+    pub matcher: Option<GrammarMatcher>,
+    /// Append forced tokens without sampling them.
+    pub fast_forward: bool,
+    /// Why the last mask allowed nothing.
+    pub mask_error: Option<String>,
+}
+
+/// What appending one sampled token did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Commit {
+    /// False when the token was not appended (nothing allowed, or rejected).
+    pub appended: bool,
+    /// Tokens the grammar forced after it, appended without sampling.
+    pub forced: Vec<u32>,
+    pub reason: Option<FinishReason>,
+    pub error: Option<String>,
+}
+
+impl Commit {
+    fn failed(appended: bool, msg: String) -> Self {
+        Commit { appended, forced: Vec::new(), reason: Some(FinishReason::Error), error: Some(msg) }
+    }
+}
+
+/// Forcing stops after this many rounds; the rest is sampled (a bound
+/// against a grammar that keeps forcing).
+const MAX_FF_ROUNDS: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct Sequence {
@@ -147,6 +192,7 @@ pub struct Sequence {
     pub num_cached_tokens: Option<usize>,
     /// Admission order among all requests, for FIFO and preemption.
     pub arrival: u64,
+    pub constraint: Option<Constraint>,
 }
 
 impl Sequence {
@@ -170,6 +216,7 @@ impl Sequence {
             rng: new_rng(seed),
             num_cached_tokens: None,
             arrival,
+            constraint: None,
         }
     }
 
@@ -205,9 +252,10 @@ impl Sequence {
         eos.iter().chain(&self.stop.stop_token_ids).copied()
     }
 
-    /// Stoppers may not be sampled until min_tokens outputs exist.
+    /// Stoppers may not be sampled until min_tokens outputs exist. Under a
+    /// grammar, the grammar alone decides where the output may end.
     pub fn banned_tokens(&self, eos: &[u32]) -> Vec<u32> {
-        if self.num_output_tokens() < self.stop.min_tokens {
+        if self.constraint.is_none() && self.num_output_tokens() < self.stop.min_tokens {
             self.stoppers(eos).collect()
         } else {
             Vec::new()
@@ -219,13 +267,97 @@ impl Sequence {
     pub fn append(&mut self, token: u32, eos: &[u32], max_len: usize) -> Option<FinishReason> {
         self.token_ids.push(token);
         let n = self.num_output_tokens();
-        if n > self.stop.min_tokens && self.stoppers(eos).any(|t| t == token) {
+        let may_stop = self.constraint.is_some() || n > self.stop.min_tokens;
+        if may_stop && self.stoppers(eos).any(|t| t == token) {
             return Some(FinishReason::Stop);
         }
         if n >= self.stop.max_tokens || self.len() >= max_len {
             return Some(FinishReason::Length);
         }
         None
+    }
+}
+
+impl Sequence {
+    /// Attach a grammar; with fast-forward, the tokens it forces at the very
+    /// start are appended at once (returned; they are computed with the
+    /// prompt). Forced tokens that would reach max_tokens are left to
+    /// sampling.
+    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool) -> Vec<u32> {
+        // Also caches them for the first mask, so the mask thread need not tokenize.
+        let mut forced = matcher.forced_tokens();
+        if !fast_forward || forced.len() >= self.stop.max_tokens {
+            forced.clear();
+        } else {
+            let n = matcher.try_consume(&forced).unwrap_or(0);
+            forced.truncate(n);
+            self.token_ids.extend(&forced);
+            matcher.forced_tokens();
+        }
+        self.constraint = Some(Constraint { matcher: Some(matcher), fast_forward, mask_error: None });
+        forced
+    }
+
+    /// Append a sampled token (-1: the mask allowed nothing), advance the
+    /// grammar and append what it forces next.
+    pub fn commit(&mut self, token: i64, eos: &[u32], max_len: usize) -> Commit {
+        let Some(mut c) = self.constraint.take() else {
+            return match u32::try_from(token) {
+                Ok(t) => Commit { appended: true, reason: self.append(t, eos, max_len), ..Default::default() },
+                Err(_) => Commit::failed(false, "no token was allowed at this point".into()),
+            };
+        };
+        let out = self.commit_constrained(&mut c, token, eos, max_len);
+        self.constraint = Some(c);
+        out
+    }
+
+    fn commit_constrained(&mut self, c: &mut Constraint, token: i64, eos: &[u32], max_len: usize) -> Commit {
+        let Some(m) = c.matcher.as_mut() else {
+            return Commit::failed(false, "internal error: the grammar state was lost".into());
+        };
+        let Ok(t) = u32::try_from(token) else {
+            let why = c.mask_error.clone().or_else(|| m.error());
+            return Commit::failed(false, why.unwrap_or_else(|| "the grammar allows no token here".into()));
+        };
+        match m.try_consume(&[t]) {
+            Ok(1) => {}
+            Ok(_) => return Commit::failed(false, format!("token {t} is not allowed by the grammar here")),
+            Err(e) => return Commit::failed(false, e),
+        }
+        let mut out = Commit { appended: true, reason: self.append(t, eos, max_len), ..Default::default() };
+        for _ in 0..MAX_FF_ROUNDS {
+            if out.reason.is_some() {
+                break;
+            }
+            if m.is_stopped() {
+                match m.error() {
+                    Some(e) => (out.reason, out.error) = (Some(FinishReason::Error), Some(e)),
+                    None => out.reason = Some(FinishReason::Stop),
+                }
+                break;
+            }
+            // Computed even without fast-forward: it primes the next mask.
+            let ff = m.forced_tokens();
+            if !c.fast_forward || ff.is_empty() {
+                break;
+            }
+            let n = match m.try_consume(&ff) {
+                Ok(n) => n,
+                Err(e) => return Commit { reason: Some(FinishReason::Error), error: Some(e), ..out },
+            };
+            for &f in &ff[..n] {
+                out.forced.push(f);
+                out.reason = self.append(f, eos, max_len);
+                if out.reason.is_some() {
+                    break;
+                }
+            }
+            if n < ff.len() {
+                break; // the rest is left to sampling
+            }
+        }
+        out
     }
 }
 

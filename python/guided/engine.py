@@ -1,8 +1,10 @@
-"""The step loop: schedule → forward → sample → update.
+"""The step loop: schedule → masks → forward → sample → update.
 
-One engine step crosses into Rust three times in all (schedule, sample,
-update), whatever the batch size. Python keeps only what runs once per token
-per request and needs text: detokenizing and stop strings.
+One engine step crosses into Rust four times in all (schedule, start_masks,
+sample, update), whatever the batch size. Grammar masks are computed on Rust
+threads while the forward pass runs; sample() joins them. Python keeps only
+what runs once per token per request and needs text: detokenizing and stop
+strings.
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import numpy as np
 import torch
 
 from . import _native
+from .grammar import compose
 from .model import AttentionMetadata, LoadedModel, allocate_kv_cache
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
-from .tokenizer import IncrementalDetokenizer, SpecialTokens, TokenizerWrapper
+from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, plain_encoder,
+                        token_bytes)
 
 log = logging.getLogger("guided.engine")
 
@@ -80,7 +84,11 @@ class Engine:
             enable_prefix_caching=config.enable_prefix_caching)
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
-        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "forced_tokens": 0,
+        self._compiler: _native.GrammarCompiler | None = None
+        # Requests that ended before reaching the scheduler (a grammar that
+        # does not compile): reported by the next step().
+        self._pending: list[StepUpdate] = []
+        self.counters = {"prompt_tokens": 0, "generated_tokens": 0,
                          "steps": 0, "requests_finished": 0, "requests_failed": 0}
         log.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
@@ -99,54 +107,92 @@ class Engine:
                              f"({self.block_size} tokens)")
         return tokens // self.block_size
 
+    # -- grammars --------------------------------------------------------
+
+    @property
+    def grammar_compiler(self) -> _native.GrammarCompiler:
+        """The model's grammar compiler, built on first use (one per model)."""
+        if self._compiler is None:
+            hf = self.loaded.tokenizer
+            self._compiler = _native.GrammarCompiler(
+                token_bytes(hf), sorted(self.special.end_ids),
+                vocab_size=max(self.loaded.config.vocab_size, self.tokenizer.vocab_size),
+                tokenize=plain_encoder(hf))
+        return self._compiler
+
+    def compile_grammar(self, structured_outputs: dict) -> _native.Grammar:
+        """Raises ValueError naming the problem."""
+        return self.grammar_compiler.compile(compose(structured_outputs))
+
     # -- requests --------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     prompt: str | None = None) -> int:
-        """Queue one request; raises ValueError (and queues nothing) on bad input."""
+        """Queue one request; raises ValueError (and queues nothing) on bad input.
+
+        A grammar that does not compile is not bad input of the call: that
+        request alone ends at the next step with finish_reason "error"."""
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})")
+        vocab = self.loaded.config.vocab_size
+        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
         rid = next(self._ids)
-        self.scheduler.add_request(
+        req = _Request(rid, prompt, list(prompt_ids), params,
+                       IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
+        grammar = None
+        if params.structured_outputs is not None:
+            try:
+                grammar = self.compile_grammar(params.structured_outputs)
+            except ValueError as exc:
+                self.requests[rid] = req
+                self.counters["prompt_tokens"] += len(prompt_ids)
+                done = self._finish(req, "error", 0, f"invalid grammar: {exc}")
+                self._pending.append(StepUpdate(rid, "", None, done))
+                return rid
+        forced = self.scheduler.add_request(
             rid, prompt_ids, max_tokens=params.max_tokens, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, min_p=params.min_p, seed=params.seed,
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             repetition_penalty=params.repetition_penalty,
             stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-            min_tokens=params.min_tokens)
-        self.requests[rid] = _Request(rid, prompt, list(prompt_ids), params,
-                                      IncrementalDetokenizer(self.tokenizer,
-                                                             params.skip_special_tokens))
+            min_tokens=params.min_tokens, logit_bias=list((params.logit_bias or {}).items()),
+            grammar=grammar, fast_forward=params.fast_forward)
+        self.requests[rid] = req
+        self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)
         return rid
 
     def abort(self, rid: int) -> None:
         self.scheduler.abort(rid, "abort")
         self.requests.pop(rid, None)
+        self._pending = [u for u in self._pending if u.request_id != rid]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self._pending) or self.scheduler.has_unfinished()
 
     # -- the step --------------------------------------------------------
 
     def step(self) -> list[StepUpdate]:
         """Run one engine step; one update per request that got a token (or failed)."""
+        pending, self._pending = self._pending, []
         plan = self.scheduler.schedule()
         if plan is None:
-            return []
+            return pending
         self.counters["steps"] += 1
+        self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10)
         try:
             logits = self._forward(plan)
         except Exception as exc:  # one bad step must not take the engine down (rule 12)
             log.exception("forward pass failed")
-            return self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
+            return pending + self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
         if logits is None:
-            return []
+            return pending
         tokens, logprobs = self.scheduler.sample(logits)
-        return self._apply(self.scheduler.update(tokens), logprobs)
+        return pending + self._apply(self.scheduler.update(tokens), logprobs)
 
     @torch.inference_mode()
     def _forward(self, plan) -> np.ndarray | None:
@@ -165,24 +211,38 @@ class Engine:
 
     def _apply(self, events, logprobs) -> list[StepUpdate]:
         updates = []
-        for (rid, token, reason, num_cached), lp in zip(events, logprobs.tolist()):
+        for (rid, token, reason, num_cached, forced, error), lp in zip(events, logprobs.tolist()):
             req = self.requests[rid]
-            if token < 0:  # the mask allowed nothing: never an arbitrary token (rule 9)
+            if token < 0:  # nothing allowed or rejected: never an arbitrary token (rule 9)
                 updates.append(StepUpdate(rid, "", None, self._finish(
-                    req, "error", num_cached, "no token was allowed at this point")))
+                    req, "error", num_cached, error or "no token was allowed at this point")))
                 continue
-            req.output_ids.append(token)
-            req.logprobs.append(lp)
-            self.counters["generated_tokens"] += 1
-            # The token that stopped generation is control, never text (rule 1).
-            stopper = reason == "stop" and token in self._stoppers(req)
-            if not stopper:
-                req.detok.push(token)
-                if reason is None and self._cut_at_stop_string(req):
-                    self.scheduler.abort(rid, "stop")
-                    reason = "stop"
+            # The sampled token, then those the grammar forced (probability 1).
+            new = [(token, lp)] + [(t, 0.0) for t in forced]
+            for i, (t, p) in enumerate(new):
+                req.output_ids.append(t)
+                req.logprobs.append(p)
+                # The token that stopped generation is control, never text (rule 1).
+                last = i == len(new) - 1
+                if not (last and reason == "stop" and t in self._stoppers(req)):
+                    req.detok.push(t)
+            self.counters["generated_tokens"] += len(new)
+            if reason is None and self._cut_at_stop_string(req):
+                self.scheduler.abort(rid, "stop")
+                reason = "stop"
+            if reason == "error":
+                updates.append(StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error)))
+                continue
             updates.append(self._update(req, token, reason, num_cached))
         return updates
+
+    def _push_forced(self, req: _Request, forced: list[int]) -> None:
+        """Tokens the grammar forces before anything is sampled."""
+        for t in forced:
+            req.output_ids.append(t)
+            req.logprobs.append(0.0)
+            req.detok.push(t)
+        self.counters["generated_tokens"] += len(forced)
 
     def _stoppers(self, req: _Request) -> frozenset[int]:
         if req.params.ignore_eos:
@@ -235,7 +295,8 @@ class Engine:
 
     def fail_all(self, message: str) -> list[StepUpdate]:
         """End every queued or running request with finish_reason "error"."""
-        return self._fail(list(self.requests), message)
+        pending, self._pending = self._pending, []
+        return pending + self._fail(list(self.requests), message)
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, **self.scheduler.stats()}

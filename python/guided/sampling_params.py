@@ -1,7 +1,9 @@
 """Per-request generation settings, checked where they enter."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -13,6 +15,15 @@ class SamplingParams:
     Generation stops at any of the model's end tokens (unless ignore_eos), at
     any of `stop_token_ids`, at the first occurrence of a `stop` string (which
     is cut from the text) or after `max_tokens`.
+
+    structured_outputs constrains the output to a grammar (see
+    guided.grammar): {"json": schema} (optionally with "whitespace"),
+    {"regex": ...}, {"choice": [...]} or {"grammar": lark_text}. Under a
+    grammar the grammar decides where the output ends (min_tokens does not
+    hold end tokens back) and the text it forces is appended without
+    sampling unless fast_forward is False (same tokens, one step each).
+    logit_bias maps token ids to a bias in [-100, 100] added to their logits
+    before temperature (OpenAI semantics); a grammar mask still wins.
     """
 
     max_tokens: int = 64
@@ -29,12 +40,20 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: dict[str, Any] | None = None
+    fast_forward: bool = True
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.logit_bias:
+            try:
+                self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError("logit_bias must map token ids to numbers") from None
         self.validate()
 
     def validate(self) -> None:
@@ -56,6 +75,16 @@ class SamplingParams:
              "stop must be a list of non-empty strings"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}"),
         ]
+        bias = self.logit_bias or {}
+        checks += [
+            (all(t >= 0 for t in bias), "logit_bias token ids must be >= 0"),
+            (all(math.isfinite(b) and -100 <= b <= 100 for b in bias.values()),
+             "logit_bias values must be in [-100, 100]"),
+            (isinstance(self.fast_forward, bool), "fast_forward must be a bool"),
+        ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.structured_outputs is not None:
+            from .grammar import check_structured_outputs
+            check_structured_outputs(self.structured_outputs)

@@ -1,0 +1,98 @@
+"""Composition of constraint grammars: a request's ``structured_outputs`` →
+llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
+
+``structured_outputs`` holds exactly one of:
+
+- ``"json"``: a JSON Schema (dict, bool, or its JSON text), sanitised by
+  :func:`guided.grammar.json_schema.json_schema_grammar`; ``"whitespace"``
+  beside it overrides the bounded default ("compact", "flexible", "bounded"
+  or a regex for one whitespace run).
+- ``"regex"``: a regular expression (Rust regex syntax) the whole output
+  matches.
+- ``"choice"``: a non-empty list of strings; the output is exactly one.
+- ``"grammar"``: an llguidance Lark grammar (``%json``, lexeme attributes
+  such as ``[max_tokens=...]``, special tokens as ``<[123]>`` or by name).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar")
+OPTION_KEYS = ("whitespace",)
+
+
+def check_structured_outputs(so: Any) -> None:
+    """Raise ValueError unless ``so`` names exactly one known constraint
+    (its content is checked when it is compiled)."""
+    if not isinstance(so, dict):
+        raise ValueError(f"structured_outputs must be a dict, got {type(so).__name__}")
+    unknown = sorted(set(so) - set(CONSTRAINT_KEYS) - set(OPTION_KEYS))
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"expected one of {', '.join(CONSTRAINT_KEYS)}")
+    given = [k for k in CONSTRAINT_KEYS if k in so]
+    if len(given) != 1:
+        raise ValueError(f"structured_outputs needs exactly one of {', '.join(CONSTRAINT_KEYS)}, "
+                         f"got {given or 'none'}")
+    if "whitespace" in so and given != ["json"]:
+        raise ValueError("structured_outputs: 'whitespace' applies only to 'json'")
+
+
+def compose(so: dict) -> str:
+    """The llguidance grammar JSON text for ``structured_outputs``; raises
+    ValueError on malformed content."""
+    check_structured_outputs(so)
+    kind = next(k for k in CONSTRAINT_KEYS if k in so)
+    value = so[kind]
+    if kind == "json":
+        entry = _json_entry(value, so.get("whitespace"))
+    elif kind == "regex":
+        if not isinstance(value, str):
+            raise ValueError("structured_outputs['regex'] must be a string")
+        entry = _lark(f"start: /{regex_for_lark(value)}/")
+    elif kind == "choice":
+        entry = _lark(f"start: {choice_rule(value)}")
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("structured_outputs['grammar'] must be a non-empty Lark grammar string")
+        entry = _lark(value)
+    return json.dumps({"grammars": [entry]})
+
+
+def _json_entry(schema: Any, whitespace: str | None) -> dict:
+    from .json_schema import json_schema_grammar
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured_outputs['json'] is not valid JSON: {exc}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError("structured_outputs['json'] must be a JSON Schema (an object or a boolean)")
+    return json_schema_grammar(schema, whitespace)
+
+
+def _lark(text: str) -> dict:
+    return {"lark_grammar": text}
+
+
+def regex_for_lark(rx: str) -> str:
+    """A regex as the body of a Lark ``/.../`` lexeme: an unescaped ``/``
+    would end it early, so it gets a backslash."""
+    out, escaped = [], False
+    for c in rx:
+        if c == "/" and not escaped:
+            out.append("\\/")
+        else:
+            out.append(c)
+        escaped = c == "\\" and not escaped
+    return "".join(out)
+
+
+def choice_rule(choices: Any) -> str:
+    """Alternatives of literal strings, each a JSON-escaped Lark string."""
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError("structured_outputs['choice'] must be a non-empty list of strings")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("structured_outputs['choice'] must hold non-empty strings")
+    return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
