@@ -91,51 +91,34 @@ class _GuidedEngine:
     name = "guided"
 
     def __init__(self, tok, end_ids, vocab):
-        from guided.grammar.json_schema import json_schema_grammar
-        self._entry = json_schema_grammar
-        self._compose = _composer()
+        from guided.grammar import compose
+        self._compose = compose
         try:
             from guided._native import GrammarCompiler
-            from guided.tokenizer import token_bytes
+            from guided.tokenizer import plain_encoder, token_bytes
         except ImportError:
             GrammarCompiler = None
         self.backend = "llguidance-py"
         if GrammarCompiler is not None:
-            try:
-                self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab)
+            try:  # built exactly as Engine.grammar_compiler builds it
+                self._compiler = GrammarCompiler(token_bytes(tok), list(end_ids), vocab,
+                                                 tokenize=plain_encoder(tok))
                 self.backend = "native"
             except Exception as e:  # noqa: BLE001 - shown in the report's header
-                self.backend = f"llguidance-py; native failed: {type(e).__name__}"
+                self.backend = f"llguidance-py; native failed: {type(e).__name__}: {e}"[:120]
         if self.backend != "native":
-            # until the native grammar API lands: the same grammar through llguidance's package
+            # without the native module: the same grammar through llguidance's package
             self._llg = _LLGuidanceEngine(tok, end_ids, vocab)
 
     def grammar_json(self, schema) -> str:
-        return json.dumps(self._compose(self._entry(schema)))
+        """What a request with ``structured_outputs={"json": schema}`` compiles."""
+        return self._compose({"json": schema})
 
     def compile(self, schema):
         grammar = self.grammar_json(schema)
         if self.backend == "native":
             return _NativeGrammar(self._compiler.compile(grammar))
         return self._llg.compile_grammar(grammar)
-
-
-def _composer():
-    """The composer's JSON-schema path if it exposes one, else the bare top-level wrapper."""
-    try:
-        import guided.grammar as g
-        for name in ("compose_constraint", "compose_grammar", "compose", "top_level"):
-            fn = getattr(g, name, None)
-            if callable(fn):
-                def wrap(entry, fn=fn):
-                    try:
-                        return fn(entry)
-                    except TypeError:
-                        return {"grammars": [entry]}
-                return wrap
-    except ImportError:
-        pass
-    return lambda entry: {"grammars": [entry]}
 
 
 class _NativeGrammar:
