@@ -311,6 +311,25 @@ impl GrammarMatcher {
         guard(|| wrap(m.try_consume_tokens(tokens))).map_err(|e| self.fail(e))
     }
 
+    /// Consume all of `tokens` (sampled under this grammar's mask, or forced
+    /// by it). Each is checked first, so a rejected one leaves the state
+    /// intact; one the check refuses but the parser takes (an end token the
+    /// grammar names, which the check treats as end-of-output) is consumed
+    /// directly. Returns how many were consumed before a rejection.
+    pub fn advance(&mut self, tokens: &[u32]) -> Result<usize, String> {
+        let mut done = 0;
+        while done < tokens.len() {
+            done += self.try_consume(&tokens[done..])?;
+            if done < tokens.len() {
+                if self.consume(tokens[done]).is_err() {
+                    return Ok(done);
+                }
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+
     /// Tokens the grammar forces next (also caches them for the next mask,
     /// so the mask thread need not tokenize).
     pub fn forced_tokens(&mut self) -> Vec<u32> {

@@ -289,7 +289,7 @@ impl Sequence {
         if !fast_forward || forced.len() >= self.stop.max_tokens {
             forced.clear();
         } else {
-            let n = matcher.try_consume(&forced).unwrap_or(0);
+            let n = matcher.advance(&forced).unwrap_or(0);
             forced.truncate(n);
             self.token_ids.extend(&forced);
             matcher.forced_tokens();
@@ -320,12 +320,19 @@ impl Sequence {
             let why = c.mask_error.clone().or_else(|| m.error());
             return Commit::failed(false, why.unwrap_or_else(|| "the grammar allows no token here".into()));
         };
-        match m.try_consume(&[t]) {
+        // A grammar completed by forced tokens allows only the end tokens.
+        let ends_done = m.is_stopped() && m.error().is_none() && eos.contains(&t);
+        match if ends_done { Ok(1) } else { m.advance(&[t]) } {
             Ok(1) => {}
-            Ok(_) => return Commit::failed(false, format!("token {t} is not allowed by the grammar here")),
-            Err(e) => return Commit::failed(false, e),
+            _ => {
+                let why = m.error().unwrap_or_else(|| "no further detail".into());
+                return Commit::failed(false, format!("token {t} is not allowed by the grammar here: {why}"));
+            }
         }
         let mut out = Commit { appended: true, reason: self.append(t, eos, max_len), ..Default::default() };
+        if ends_done {
+            out.reason = Some(FinishReason::Stop);
+        }
         for _ in 0..MAX_FF_ROUNDS {
             if out.reason.is_some() {
                 break;
@@ -342,7 +349,9 @@ impl Sequence {
             if !c.fast_forward || ff.is_empty() {
                 break;
             }
-            let n = match m.try_consume(&ff) {
+            // A forced token the grammar then refuses is left unconsumed
+            // (the matcher stays where it was) and is sampled instead.
+            let n = match m.advance(&ff) {
                 Ok(n) => n,
                 Err(e) => return Commit { reason: Some(FinishReason::Error), error: Some(e), ..out },
             };

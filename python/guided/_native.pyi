@@ -1,6 +1,7 @@
 """Native core of guided (Rust): scheduler, paged KV blocks with prefix caching, sampling.
 
-One engine step is ``schedule()`` → forward pass → ``sample()`` → ``update()``.
+One engine step is ``schedule()`` → ``start_masks()`` → forward pass →
+``sample()`` → ``update()``.
 Call ``update()`` after every plan whose ``logits_indices`` is non-empty. A
 plan with no sampling rows needs no ``update()`` (``update(empty)`` is also
 fine); a plan left without its ``update()`` is dropped at the next
@@ -82,16 +83,33 @@ class Scheduler:
         stop_token_ids: list[int] = [],
         ignore_eos: bool = False,
         min_tokens: int = 0,
-    ) -> None:
+        logit_bias: list[tuple[int, float]] = [],
+        grammar: Grammar | None = None,
+        fast_forward: bool = True,
+    ) -> list[int]:
         """Queue a request. ``seq_id`` in [0, 2**63), not in use; ``top_k`` 0
         disables top-k; temperature 0 is greedy; ``seed`` None draws a random
         seed. ``min_tokens``: end/stop tokens are not sampled (and do not stop)
-        before that many output tokens. Raises ValueError, changing nothing, on
-        an empty prompt, a prompt that leaves no room to generate in
-        ``max_model_len`` or needs more blocks than the pool, a duplicate id, or
-        bad sampling parameters."""
+        before that many output tokens. ``logit_bias``: (token, bias) pairs
+        added to the logits before temperature. Raises ValueError, changing
+        nothing, on an empty prompt, a prompt that leaves no room to generate
+        in ``max_model_len`` or needs more blocks than the pool, a duplicate
+        id, or bad sampling parameters.
+
+        With a ``grammar`` every sampled token is allowed by it (a hard mask),
+        the grammar alone decides where the output may end (min_tokens does
+        not hold end tokens back; once it is complete the sequence finishes
+        with "stop"), and with ``fast_forward`` the tokens it forces are
+        appended without sampling (computed by the next step as a prefill
+        chunk). Returns the tokens forced at the very start, already part of
+        the output (empty without a grammar or fast-forward)."""
     def schedule(self) -> StepPlan | None:
         """The next step's work, or None when there is nothing to run."""
+    def start_masks(self) -> None:
+        """Start computing the grammar masks of the last plan's sampling rows
+        on Rust threads (rows in parallel, GIL released); ``sample()`` joins
+        them. Call it before the forward pass so the two overlap; without it
+        ``sample()`` computes them itself. RuntimeError before any plan."""
     def sample(
         self,
         logits: npt.NDArray[np.float32],
@@ -101,7 +119,8 @@ class Scheduler:
 
         ``logits`` is float32 [R, V] in ``sample_seq_ids`` order. ``allowed``
         is an optional int32 bitmask [R, W]: bit j of word i allows token
-        32*i + j; tokens past the mask are disallowed. Applies repetition,
+        32*i + j; tokens past the mask are disallowed; it is ANDed with the
+        rows' grammar masks. Applies repetition,
         frequency and presence penalties, temperature, the mask, top-k, top-p,
         min-p, then draws from the request's own seeded RNG (rows in parallel,
         GIL released). Returns (tokens int64 [R], logprobs float32 [R]); the
@@ -111,17 +130,20 @@ class Scheduler:
         RuntimeError before any plan."""
     def update(
         self, sampled: npt.NDArray[np.int64]
-    ) -> list[tuple[int, int, str | None, int]]:
+    ) -> list[tuple[int, int, str | None, int, list[int], str | None]]:
         """Append the sampled tokens ([R], ``sample`` order) and apply stop conditions.
 
-        Returns one ``(seq_id, token, finish_reason, num_cached_tokens)`` per
-        row (rows of sequences aborted since ``schedule()`` are left out).
-        finish_reason is None (still running), "stop" (an end token, unless
-        ignore_eos, or a stop token), "length" (max_tokens, or the sequence
-        reached max_model_len or the KV pool's size) or "error" (token -1: the
-        mask allowed nothing; the token is not appended). num_cached_tokens is
-        the request's prefix-cache hit at first admission. Finished sequences
-        free their blocks (full blocks stay cached) and are forgotten."""
+        Returns one ``(seq_id, token, finish_reason, num_cached_tokens,
+        forced_tokens, error)`` per row (rows of sequences aborted since
+        ``schedule()`` are left out). finish_reason is None (still running),
+        "stop" (an end token, unless ignore_eos, or a stop token, or the
+        grammar is complete), "length" (max_tokens, or the sequence reached
+        max_model_len or the KV pool's size) or "error" (``error`` says why).
+        token is -1 when it was not appended (the mask allowed nothing, or the
+        grammar rejected it). forced_tokens are the tokens the grammar forced
+        after it, appended without sampling. num_cached_tokens is the
+        request's prefix-cache hit at first admission. Finished sequences free
+        their blocks (full blocks stay cached) and are forgotten."""
     def abort(self, seq_id: int, reason: str = "abort") -> bool:
         """Remove a sequence from any queue and free its blocks; False if
         unknown. Nothing is reported for it (``reason`` is informative; use
@@ -134,6 +156,9 @@ class Scheduler:
     def stats(self) -> dict[str, int]:
         """prefix_cache_hit_tokens, prefix_cache_queries (prompt tokens looked
         up, counted again on re-admission after preemption), preemptions,
+        forced_tokens (appended by fast-forward), mask_time_us (wall time of
+        the mask jobs), mask_wait_us (of it, what sample() waited for: the
+        rest was hidden behind the forward pass), mask_rows,
         num_running, num_waiting, num_free_blocks (free or evictable),
         num_cached_blocks, num_blocks."""
 
