@@ -101,8 +101,12 @@ class LLM:
         return ChatResponse(content=out.text, finish_reason=out.finish_reason, output=out)
 
     def stats(self) -> dict[str, int]:
-        """Counters since load: prompt_tokens, generated_tokens, forced_tokens,
-        prefix_cache_hit_tokens, prefix_cache_queries, preemptions, ..."""
+        """Counters since load: prompt_tokens, generated_tokens (sampled and
+        forced), forced_tokens (appended by grammar fast-forward),
+        mask_time_us (wall time of the grammar mask jobs), mask_wait_us (of
+        it, what sampling waited for; the rest hid behind the forward pass),
+        mask_rows, prefix_cache_hit_tokens, prefix_cache_queries,
+        preemptions, ..."""
         return self.engine.stats()
 
 
