@@ -81,7 +81,7 @@ def test_default_whitespace_accepts_compact_and_indented(tok, text):
 @pytest.mark.parametrize("text", [
     '{"name":"x",' + " " * 9 + '"tags":[]}',          # a run of spaces
     '{\n\n  "name": "x"}',                             # a blank line
-    '{\n' + " " * 65 + '"name": "x"}',                 # indentation past the bound
+    '{\n' + " " * 33 + '"name": "x"}',                 # indentation past the bound
     '{"name": "x"}\n\n',                               # trailing newlines
 ])
 def test_default_whitespace_refuses_unbounded_runs(tok, text):

@@ -44,8 +44,8 @@ Whitespace policy
 Unbounded whitespace lets a model that likes newlines pad a JSON value until
 max_tokens. The default (``whitespace=None``) allows, between any two JSON
 tokens, at most one whitespace run of either up to 8 spaces/tabs, or one
-newline (optionally ``\\r\\n``) followed by up to 64 spaces/tabs of indentation.
-Compact JSON and ``json.dumps(obj, indent=2 or 4)`` (up to 16 levels at 4, 32
+newline (optionally ``\\r\\n``) followed by up to 32 spaces/tabs of indentation.
+Compact JSON and ``json.dumps(obj, indent=2 or 4)`` (up to 8 levels at 4, 16
 at 2) are accepted; blank lines and runs of spaces are not, so whitespace per
 position is bounded. Separators are ``,`` and ``:`` with the run around them.
 
@@ -65,7 +65,9 @@ from typing import Any
 log = logging.getLogger("guided.grammar")
 
 #: the default whitespace run between JSON tokens (see the module docstring)
-BOUNDED_WHITESPACE = r"[\x20\x09]{1,8}|\r?\n[\x20\x09]{0,64}"
+# 32, not more: each tab is a token of its own, so the bound is also how many
+# tokens a whitespace-loving model can spend per position.
+BOUNDED_WHITESPACE = r"[\x20\x09]{1,8}|\r?\n[\x20\x09]{0,32}"
 
 # Formats llguidance 1.9 implements (src/json/formats.rs); others are annotations.
 _KNOWN_FORMATS = frozenset({
@@ -1200,10 +1202,10 @@ class _Sanitizer:
                 add(None)
         if isinstance(s.get("required"), list):
             for p in s["required"]:
-                # non-objects satisfy 'required' and are covered by the type part (if any)
+                # non-objects satisfy 'required', so only objects can break it: an
+                # untyped {"properties": {p: false}} would also admit every non-object
                 if ts is None or "object" in ts:
-                    add({"type": "object", "properties": {p: False}} if ts is not None
-                        else {"properties": {p: False}})
+                    add({"type": "object", "properties": {p: False}})
         if isinstance(s.get("properties"), dict):
             for p, sub in s["properties"].items():
                 n = self.neg(sub, depth + 1)
