@@ -40,8 +40,9 @@ def best_of(fn, repeat: int) -> float:
 
 
 def dtype_label(llm: LLM) -> str:
-    act, weight = (str(d).removeprefix("torch.") for d in (llm.loaded.dtype, llm.loaded.weight_dtype))
-    return act if act == weight else f"{act}, {weight} weights"
+    act, weight, kv = (str(d).removeprefix("torch.") for d in (
+        llm.loaded.dtype, llm.loaded.weight_dtype, llm.loaded.kv_dtype))
+    return act if act == weight == kv else f"{act}, {weight} weights and KV"
 
 
 def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:

@@ -75,7 +75,7 @@ class Engine:
         self.block_size = config.block_size
         self.num_blocks = self._pool_blocks(config)
         self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size,
-                                           loaded.dtype, self.device)
+                                           loaded.kv_dtype, self.device)
         self.scheduler = _native.Scheduler(
             num_blocks=self.num_blocks, block_size=self.block_size,
             max_num_seqs=config.max_num_seqs,
@@ -100,7 +100,7 @@ class Engine:
             tokens = config.kv_cache_tokens
         else:
             per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * \
-                torch.tensor([], dtype=self.loaded.dtype).element_size()
+                torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
             tokens = min(_CPU_KV_CACHE_BYTES // per_token, config.max_num_seqs * self.max_model_len)
         if tokens < self.block_size:
             raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "

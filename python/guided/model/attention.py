@@ -102,13 +102,16 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
              plan: AttentionPlan) -> None:
     """Scatter the new tokens' K/V ([T, kv, d]) into their cache slots."""
     kv, d = k_cache.shape[-2:]
-    k_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, k)
-    v_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, v)
+    k_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """q: [T, H, d] for the new tokens (their K/V already written). Returns [T, H*d]."""
+    """q: [T, H, d] for the new tokens (their K/V already written). Returns [T, H*d]
+    in q's dtype; the cache may hold a narrower one."""
+    if q.dtype != k_cache.dtype:
+        return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scale).to(q.dtype)
     t, h, d = q.shape
     group = plan.decode
     if group is not None and group.rows is None:
