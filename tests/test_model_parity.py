@@ -9,20 +9,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-import sys
-import types
 
 import pytest
 import torch
-
-try:
-    import guided.model as gm
-except ImportError:  # package __init__ needs the native extension; the model layer does not
-    _ROOT = os.path.join(os.path.dirname(__file__), "..", "python", "guided")
-    _stub = types.ModuleType("guided")
-    _stub.__path__ = [os.path.abspath(_ROOT)]
-    sys.modules["guided"] = _stub
-    import guided.model as gm
 
 from guided.model import AttentionMetadata, ModelNotFoundError, allocate_kv_cache, load_model
 from guided.model.gguf_file import GGUFFile
