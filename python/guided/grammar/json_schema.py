@@ -1335,26 +1335,37 @@ def _first_chars(pattern: str) -> set[str] | None:
     or if it can match the empty string."""
     if not pattern.startswith("^"):
         return None
-    depth, i = 0, 0
-    while i < len(pattern):  # a top-level '|' makes the '^' cover one alternative only
-        ch = pattern[i]
+    alts = _top_level_alternatives(pattern)
+    if alts is None or len(alts) > 1:  # then the '^' covers one alternative only
+        return None
+    return _fc(pattern[1:])
+
+
+def _top_level_alternatives(rx: str) -> list[str] | None:
+    """rx split at its top-level '|' (outside groups, classes and escapes);
+    None if a character class is never closed."""
+    alts, depth, start, j = [], 0, 0, 0
+    while j < len(rx):
+        ch = rx[j]
         if ch == "\\":
-            i += 2
+            j += 2
             continue
         if ch == "[":
-            j = pattern.find("]", i + 2)
-            if j < 0:
+            k = rx.find("]", j + 2)
+            if k < 0:
                 return None
-            i = j + 1
+            j = k + 1
             continue
         if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
         elif ch == "|" and depth == 0:
-            return None
-        i += 1
-    return _fc(pattern[1:])
+            alts.append(rx[start:j])
+            start = j + 1
+        j += 1
+    alts.append(rx[start:])
+    return alts
 
 
 def _fc(rx: str) -> set[str] | None:
@@ -1390,27 +1401,9 @@ def _fc(rx: str) -> set[str] | None:
             inner = inner[2:]
         elif inner.startswith("?"):
             return None
-        alts, depth, start, j = [], 0, 0, 0
-        while j < len(inner):
-            ch = inner[j]
-            if ch == "\\":
-                j += 2
-                continue
-            if ch == "[":
-                k = inner.find("]", j + 2)
-                if k < 0:
-                    return None
-                j = k + 1
-                continue
-            if ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-            elif ch == "|" and depth == 0:
-                alts.append(inner[start:j])
-                start = j + 1
-            j += 1
-        alts.append(inner[start:])
+        alts = _top_level_alternatives(inner)
+        if alts is None:
+            return None
         out: set[str] = set()
         for a in alts:
             f = _fc(a)
