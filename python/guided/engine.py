@@ -48,6 +48,7 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     emitted: int = 0  # characters of detok.text already handed out as deltas
+    forced_start: list[int] = field(default_factory=list)  # forced before the first step
 
 
 @dataclass
@@ -59,15 +60,18 @@ class StepUpdate:
     text: str
     token_id: int | None
     finished: RequestOutput | None
+    #: every token appended this step: the sampled one and those forced after it
+    token_ids: list[int] = field(default_factory=list)
 
 
 class Engine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig,
+                 special: SpecialTokens | None = None):
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
-        self.special = SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
-                                              loaded.bos_token)
+        self.special = special or SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
+                                                         loaded.bos_token)
         self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
         mc = loaded.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
@@ -127,11 +131,15 @@ class Engine:
     # -- requests --------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> int:
+                    prompt: str | None = None, grammar: str | None = None) -> int:
         """Queue one request; raises ValueError (and queues nothing) on bad input.
 
-        A grammar that does not compile is not bad input of the call: that
-        request alone ends at the next step with finish_reason "error"."""
+        ``grammar`` is a composed llguidance grammar (the chat layer's), used
+        instead of ``params.structured_outputs``. A grammar that does not
+        compile is not bad input of the call: that request alone ends at the
+        next step with finish_reason "error"."""
+        if grammar is not None and params.structured_outputs is not None:
+            raise ValueError("give either a composed grammar or structured_outputs, not both")
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
@@ -142,10 +150,10 @@ class Engine:
         rid = next(self._ids)
         req = _Request(rid, prompt, list(prompt_ids), params,
                        IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
-        grammar = None
-        if params.structured_outputs is not None:
+        if grammar is not None or params.structured_outputs is not None:
             try:
-                grammar = self.compile_grammar(params.structured_outputs)
+                grammar = self.grammar_compiler.compile(grammar) if grammar is not None \
+                    else self.compile_grammar(params.structured_outputs)
             except ValueError as exc:
                 self.requests[rid] = req
                 self.counters["prompt_tokens"] += len(prompt_ids)
@@ -164,6 +172,8 @@ class Engine:
         self.requests[rid] = req
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)
+        if forced:  # reported with the first step's tokens
+            req.forced_start = list(forced)
         return rid
 
     def abort(self, rid: int) -> None:
@@ -230,10 +240,14 @@ class Engine:
             if reason is None and self._cut_at_stop_string(req):
                 self.scheduler.abort(rid, "stop")
                 reason = "stop"
+            appended, req.forced_start = req.forced_start + [t for t, _ in new], []
             if reason == "error":
-                updates.append(StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error)))
+                updates.append(StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error),
+                                          appended))
                 continue
-            updates.append(self._update(req, token, reason, num_cached))
+            update = self._update(req, token, reason, num_cached)
+            update.token_ids = appended
+            updates.append(update)
         return updates
 
     def _push_forced(self, req: _Request, forced: list[int]) -> None:

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from .chat.template import render_chat
+from .chat.chat_format import ChatFormat
+from .chat.parser import ChatDelta
+from .chat.request import ChatPlan, prepare_chat
+from .chat.template import TemplateError
 from .engine import Engine, EngineConfig
 from .model import load_model
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .special_tokens import SpecialTokens
+from .tokenizer import TokenizerWrapper
 
 log = logging.getLogger("guided")
 
@@ -18,11 +24,23 @@ Prompt = str | list[int]
 
 @dataclass
 class ChatResponse:
-    content: str
+    """One assistant message. tool_calls are in OpenAI's shape (arguments is
+    a JSON string); finish_reason is "tool_calls" when the model called tools."""
+
+    content: str | None
     finish_reason: str
     reasoning_content: str | None = None
     tool_calls: list = field(default_factory=list)
     output: RequestOutput | None = None
+
+    def message(self) -> dict:
+        """The message to send back next turn, as an OpenAI client would."""
+        m = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            m["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        return m
 
 
 class LLM:
@@ -35,12 +53,24 @@ class LLM:
     def __init__(self, model: str | None = None, device: str = "cpu", dtype=None,
                  max_num_seqs: int = 64, kv_cache_tokens: int | None = None,
                  block_size: int = 16, max_num_batched_tokens: int = 2048,
-                 max_model_len: int | None = None, enable_prefix_caching: bool = True):
+                 max_model_len: int | None = None, enable_prefix_caching: bool = True,
+                 chat_template: str | None = None):
+        """``chat_template``: a Jinja template (text or a file path) used
+        instead of the model's own, as ``--chat-template`` in other servers."""
         self.loaded = load_model(model, device=device, dtype=dtype)
+        template = _template_text(chat_template) if chat_template else self.loaded.chat_template
+        special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
+                                         self.loaded.bos_token)
+        self.chat_format: ChatFormat | None = None
+        if template:
+            tokenizer = TokenizerWrapper(self.loaded.tokenizer, special, self.loaded.add_bos_token)
+            self.chat_format = ChatFormat(template, special, tokenizer, self.loaded.bos_token,
+                                          self.loaded.eos_token)
+            special = self.chat_format.special   # with the template's end-of-turn token
         self.engine = Engine(self.loaded, EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching))
+            enable_prefix_caching=enable_prefix_caching), special)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
@@ -87,18 +117,82 @@ class LLM:
                     done[update.request_id] = update.finished
         return [done[r] for r in rids]
 
+    def prepare_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
+                     *, tools: list[dict] | None = None, tool_choice="auto",
+                     response_format: dict | None = None, reasoning_effort: str | None = None,
+                     parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
+                     documents: list | None = None, tool_grammar: bool = True) -> ChatPlan:
+        """Check and plan a chat request without running it (the server uses
+        this): prompt ids, the grammar of the whole answer, a parser factory.
+        Raises ValueError naming the first bad field."""
+        if self.chat_format is None:
+            raise TemplateError("the model has no chat template; pass chat_template= or use generate()")
+        return prepare_chat(self.chat_format, self.engine.grammar_compiler.compile, messages,
+                            tools=tools, tool_choice=tool_choice, response_format=response_format,
+                            reasoning_effort=reasoning_effort,
+                            parallel_tool_calls=parallel_tool_calls,
+                            chat_template_kwargs=chat_template_kwargs, documents=documents,
+                            sampling_params=sampling_params, tool_grammar=tool_grammar)
+
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
-             chat_template_kwargs: dict | None = None) -> ChatResponse:
+             **options) -> ChatResponse:
         """Answer a conversation with the model's own chat template.
 
-        Minimal for now: no tools, no reasoning split, no response_format.
+        ``options``: tools, tool_choice ("auto", "none", "required" or
+        {"type": "function", "function": {"name": ...}}), response_format,
+        reasoning_effort ("none", "minimal", "low", "medium", "high"),
+        parallel_tool_calls, chat_template_kwargs, documents, tool_grammar
+        (enforce the tool-call grammar for tool_choice="auto"; default True).
         """
-        prompt = render_chat(self.loaded.chat_template, messages,
-                             bos_token=self.loaded.bos_token, eos_token=self.loaded.eos_token,
-                             **(chat_template_kwargs or {}))
-        ids = self.tokenizer.encode(prompt)
-        out = self.generate([ids], sampling_params or SamplingParams(max_tokens=256))[0]
-        return ChatResponse(content=out.text, finish_reason=out.finish_reason, output=out)
+        return self.chat_batch([messages], sampling_params, **options)[0]
+
+    def chat_batch(self, conversations: list[list[dict]],
+                   sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                   **options) -> list[ChatResponse]:
+        """Answer several conversations at once (one engine batch)."""
+        params = _per_prompt(sampling_params, len(conversations)) if sampling_params is not None \
+            else [None] * len(conversations)
+        plans = [self.prepare_chat(c, p, **options) for c, p in zip(conversations, params)]
+        rids, parsers = [], {}
+        try:
+            for plan in plans:
+                rid = self.engine.add_request(plan.prompt_ids, plan.params, grammar=plan.grammar)
+                rids.append(rid)
+                parsers[rid] = plan.parser()
+            finished: dict[int, RequestOutput] = {}
+            while not set(rids) <= finished.keys():
+                for update in self.engine.step():
+                    if update.request_id in parsers:
+                        parsers[update.request_id].push(update.token_ids)
+                    if update.finished is not None:
+                        finished[update.request_id] = update.finished
+        except BaseException:
+            for rid in rids:
+                self.engine.abort(rid)
+            raise
+        return [_response(parsers[r], finished[r]) for r in rids]
+
+    def chat_stream(self, messages: list[dict], sampling_params: SamplingParams | None = None,
+                    **options) -> Iterator[ChatDelta]:
+        """Like chat(), yielding deltas as they are decoded: content,
+        reasoning_content, and tool calls (id and name first, then arguments
+        in pieces). The last delta carries finish_reason (and error, if any)."""
+        plan = self.prepare_chat(messages, sampling_params, **options)
+        parser = plan.parser()
+        rid = self.engine.add_request(plan.prompt_ids, plan.params, grammar=plan.grammar)
+        done = None
+        try:
+            while done is None:
+                for update in self.engine.step():
+                    if update.request_id != rid:
+                        continue
+                    yield from parser.push(update.token_ids)
+                    done = update.finished
+            yield from parser.finish()
+            yield ChatDelta(finish_reason=_finish_reason(parser, done), error=done.error)
+        finally:
+            if done is None:
+                self.engine.abort(rid)
 
     def stats(self) -> dict[str, int]:
         """Counters since load: prompt_tokens, generated_tokens (sampled and
@@ -108,6 +202,29 @@ class LLM:
         mask_rows, prefix_cache_hit_tokens, prefix_cache_queries,
         preemptions, ..."""
         return self.engine.stats()
+
+
+def _template_text(value: str) -> str:
+    """A template given as a path or as the template itself."""
+    if "{" not in value and os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"chat_template is neither a Jinja template nor a file: {value!r}")
+    return value
+
+
+def _finish_reason(parser, out: RequestOutput) -> str:
+    if out.finish_reason == "stop" and parser.call_ids:
+        return "tool_calls"
+    return out.finish_reason
+
+
+def _response(parser, out: RequestOutput) -> ChatResponse:
+    result = parser.result()
+    return ChatResponse(content=result.content, reasoning_content=result.reasoning_content,
+                        tool_calls=result.tool_calls, finish_reason=_finish_reason(parser, out),
+                        output=out)
 
 
 def _per_prompt(params, n: int) -> list[SamplingParams]:

@@ -6,53 +6,33 @@ other layer asks it instead of matching token text itself.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
 
 from tokenizers import Tokenizer
 
-# Added tokens that end generation in the families we know, whether or not the
-# model's metadata lists them: a model that emits `<|endoftext|>` after an
-# answer must stop there too (rule 1: end of sequence is a set).
-_KNOWN_END_TEXTS = frozenset({
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
-    "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>", "</s>",
-})
-_REASONING = ("<think>", "</think>")
-_TOOL_CALL = ("<tool_call>", "</tool_call>")
+from .special_tokens import SpecialTokens
+
+__all__ = ["SpecialTokens", "TokenizerWrapper", "IncrementalDetokenizer", "token_bytes",
+           "plain_encoder", "text_tokenizer"]
 
 
-@dataclass
-class SpecialTokens:
-    """Added tokens of one model, classified once at load time."""
+def text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """A private copy of ``tokenizer`` that turns text into text tokens only.
 
-    end_ids: frozenset[int]
-    bos_id: int | None = None
-    reasoning_ids: tuple[int, int] | None = None
-    tool_call_ids: tuple[int, int] | None = None
-    special_ids: frozenset[int] = field(default_factory=frozenset)
-
-    @classmethod
-    def classify(cls, tokenizer: Tokenizer, declared_end_ids: set[int],
-                 bos_token: str | None = None) -> "SpecialTokens":
-        added = {tok.content: tid for tid, tok in tokenizer.get_added_tokens_decoder().items()}
-        special = frozenset(tid for tid, tok in tokenizer.get_added_tokens_decoder().items()
-                            if tok.special)
-        ends = set(declared_end_ids) | {added[t] for t in _KNOWN_END_TEXTS if t in added}
-        if not ends:
-            raise ValueError("the model declares no end token; generation could never stop")
-        return cls(
-            end_ids=frozenset(ends),
-            bos_id=added.get(bos_token) if bos_token else None,
-            reasoning_ids=_pair(added, _REASONING),
-            tool_call_ids=_pair(added, _TOOL_CALL),
-            special_ids=special,
-        )
-
-
-def _pair(added: dict[str, int], texts: tuple[str, str]) -> tuple[int, int] | None:
-    if all(t in added for t in texts):
-        return added[texts[0]], added[texts[1]]
-    return None
+    Every added token is marked special in the copy and special parsing is
+    off, so `<|im_end|>` or `<tool_call>` written in text becomes ordinary
+    characters, whether the tokenizer marked the token special or not (HF
+    Qwen tokenizers, for one, leave `<tool_call>` non-special). Being a copy,
+    flipping its settings never races the engine's tokenizer.
+    """
+    spec = json.loads(tokenizer.to_str())
+    for added in spec.get("added_tokens") or []:
+        added["special"] = True
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.encode_special_tokens = True
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
 
 
 class TokenizerWrapper:
@@ -63,18 +43,20 @@ class TokenizerWrapper:
         self.special = special
         self.add_bos = add_bos and special.bos_id is not None
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self._text = text_tokenizer(tokenizer)
 
     def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
-        """Token ids of `text`; with parse_special off, `<|im_end|>` stays plain text
-        (rule 7). The BOS token is prepended where the model wants one."""
-        self.hf.encode_special_tokens = not parse_special
-        try:
-            ids = self.hf.encode(text, add_special_tokens=False).ids
-        finally:
-            self.hf.encode_special_tokens = False
+        """Token ids of `text`; with parse_special off no added token can come
+        out of it (rule 7). The BOS token is prepended where the model wants one."""
+        ids = self.encode_text(text) if not parse_special else \
+            self.hf.encode(text, add_special_tokens=False).ids
         if self.add_bos and (not ids or ids[0] != self.special.bos_id):
             ids = [self.special.bos_id] + ids
         return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text → token ids: no BOS, never an added token."""
+        return self._text.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -97,9 +79,9 @@ _SPECIAL_MARKER = b"\xff"  # llguidance's prefix for special tokens
 
 def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
     """The bytes each token id stands for, as llguidance wants them: byte-level
-    BPE pieces decoded to raw bytes; special added tokens as b"\\xff" + their
-    text (grammars name them, text never produces them); other added tokens
-    as their UTF-8 text. Ids with no token get b"" (never allowed)."""
+    BPE pieces decoded to raw bytes; added tokens as b"\\xff" + their text
+    (grammars name them by id, text never produces them: rule 7). Ids with no
+    token get b"" (never allowed)."""
     inverse = _byte_level_alphabet()
     added = tokenizer.get_added_tokens_decoder()
     out = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
@@ -108,7 +90,7 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             out.extend([b""] * (tid + 1 - len(out)))
         tok = added.get(tid)
         if tok is not None:
-            out[tid] = (_SPECIAL_MARKER if tok.special else b"") + tok.content.encode()
+            out[tid] = _SPECIAL_MARKER + tok.content.encode()
         elif all(c in inverse for c in piece):
             out[tid] = bytes(inverse[c] for c in piece)
         else:  # not byte-level (should not happen for our models): take the text
@@ -118,12 +100,8 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
 
 def plain_encoder(tokenizer: Tokenizer):
     """`str -> list[int]`: the canonical tokens of plain text, with no BOS and
-    no special-token parsing (a grammar's literal `<|im_end|>` stays text).
-    A private copy, so that flipping its settings never races the engine's."""
-    tok = Tokenizer.from_str(tokenizer.to_str())
-    tok.encode_special_tokens = True
-    tok.no_padding()
-    tok.no_truncation()
+    no added token (a grammar's literal `<|im_end|>` stays text)."""
+    tok = text_tokenizer(tokenizer)
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 

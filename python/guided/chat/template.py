@@ -39,16 +39,24 @@ def _compile(source: str) -> jinja2.Template:
 
 def render_chat(template: str | None, messages: list[dict], *,
                 add_generation_prompt: bool = True, **kwargs) -> str:
-    """The prompt text for `messages`, ending where the assistant starts."""
+    """The prompt text for `messages`, ending where the assistant starts.
+
+    ``kwargs`` become template variables, as transformers passes them:
+    ``tools``, ``documents``, ``bos_token``/``eos_token`` and any
+    ``chat_template_kwargs`` (``enable_thinking``, ``reasoning_effort``, ...).
+    """
     if not template:
         raise TemplateError("the model has no chat template; use generate() with a prompt")
     if not messages:
         raise TemplateError("messages is empty")
     try:
-        return _compile(template).render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+        compiled = _compile(template)
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"chat template does not compile: {exc}") from exc
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               **kwargs)
     except TemplateError:
         raise
-    except jinja2.TemplateError as exc:
-        raise TemplateError(f"chat template failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a template is untrusted code: any failure is its own
+        raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc

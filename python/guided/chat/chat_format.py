@@ -1,0 +1,205 @@
+"""What one model's chat template does, found once at load by rendering
+probe conversations: the token that ends a turn, the tool-call format, how
+reasoning is laid out, and whether the template has a thinking switch.
+
+``ChatFormat.encode`` turns a client's conversation into prompt ids (text is
+never control) and says whether the generation prompt opened or closed a
+reasoning block.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass
+
+from ..special_tokens import SpecialTokens
+from ..tokenizer import TokenizerWrapper
+from .prompt import ControlEscaper, strings_in, tokenize_rendered
+from .template import TemplateError, render_chat
+from .tool_formats import TEXT_ENVELOPE, DetectedFormat, detect
+
+log = logging.getLogger("guided.chat")
+
+_PROBE_ANSWER = "The answer is 42."
+_PROBE_REASONING = "First, think."
+
+
+@dataclass(frozen=True)
+class ReasoningLayout:
+    """The whitespace around reasoning: `<think>{open}…{close}</think>{after}`.
+    ``kept``: the template re-renders a last turn's reasoning this way, so a
+    reasoning block can round-trip through the prefix cache."""
+
+    open: str = "\n"
+    close: str = "\n"
+    after: str = "\n\n"
+    kept: bool = False
+
+
+@dataclass(frozen=True)
+class EncodedChat:
+    ids: list[int]
+    text: str
+    generation_prompt: str
+    #: "open": the generation prompt ends inside a reasoning block; "closed": it
+    #: holds a whole (empty) one; None: no reasoning block in it.
+    reasoning_state: str | None
+
+
+class ChatFormat:
+    def __init__(self, template: str, special: SpecialTokens, tokenizer: TokenizerWrapper,
+                 bos_token: str | None, eos_token: str | None):
+        self.template = template
+        self.tokenizer = tokenizer
+        self._tokens = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+        self.special = special.with_end_ids(self._turn_end_ids(special))
+        self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
+        self.tools: DetectedFormat = detect(self._render_probe, self.special)
+        self.reasoning = self._reasoning_layout() if self.special.reasoning_ids else None
+
+    # -- rendering -----------------------------------------------------
+
+    def render(self, messages: list[dict], *, tools=None, documents=None,
+               add_generation_prompt: bool = True, **kwargs) -> str:
+        extra = {k: v for k, v in (("tools", tools), ("documents", documents)) if v}
+        return render_chat(self.template, messages, add_generation_prompt=add_generation_prompt,
+                           **self._tokens, **extra, **kwargs)
+
+    def encode(self, messages: list[dict], *, tools=None, documents=None,
+               kwargs: dict | None = None) -> EncodedChat:
+        """Prompt ids for a client's conversation (already normalised)."""
+        kwargs = kwargs or {}
+        escaper = ControlEscaper(self.special, strings_in([messages, tools, documents, kwargs]))
+        msgs, tls, docs, kw = (escaper.escape(x) for x in (messages, tools, documents, kwargs))
+        with_prompt = self.render(msgs, tools=tls, documents=docs, **kw)
+        without = self.render(msgs, tools=tls, documents=docs, add_generation_prompt=False, **kw)
+        if not with_prompt.startswith(without):
+            raise TemplateError("the chat template's generation prompt is not a suffix of the "
+                                "conversation it renders; cannot tell where the answer starts")
+        generation_prompt = with_prompt[len(without):]
+        ids = tokenize_rendered(with_prompt, self.special, self.tokenizer, escaper)
+        return EncodedChat(ids, escaper.unescape(with_prompt), escaper.unescape(generation_prompt),
+                           self._reasoning_state(generation_prompt))
+
+    def _reasoning_state(self, generation_prompt: str) -> str | None:
+        if self.reasoning is None:
+            return None
+        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        i = generation_prompt.rfind(start)
+        if i < 0:
+            return None
+        return "closed" if end in generation_prompt[i:] else "open"
+
+    # -- probes --------------------------------------------------------
+
+    def _render_probe(self, messages: list[dict], tools: list[dict]) -> str:
+        return self.render(normalize_messages(messages, self.tools_or_none()), tools=tools,
+                           add_generation_prompt=False)
+
+    def tools_or_none(self) -> DetectedFormat | None:
+        return getattr(self, "tools", None)
+
+    def _turn_end_ids(self, special: SpecialTokens) -> set[int]:
+        """The added token right after an assistant answer ends that turn: an
+        end token whatever the metadata says (rule 1)."""
+        try:
+            text = render_chat(self.template, [{"role": "user", "content": "Hi"},
+                                               {"role": "assistant", "content": _PROBE_ANSWER}],
+                               add_generation_prompt=False, **self._tokens)
+        except TemplateError:
+            return set()
+        after = text[text.find(_PROBE_ANSWER) + len(_PROBE_ANSWER):] if _PROBE_ANSWER in text else ""
+        for tid, t in sorted(special.texts.items(), key=lambda kv: -len(kv[1])):
+            if after.startswith(t):
+                return {tid}
+        return set()
+
+    def _reasoning_layout(self) -> ReasoningLayout:
+        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        messages = [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": _PROBE_ANSWER,
+                     "reasoning_content": _PROBE_REASONING}]
+        try:
+            text = self.render(messages, add_generation_prompt=False)
+        except TemplateError:
+            return ReasoningLayout()
+        i, j = text.find(start), text.find(_PROBE_REASONING)
+        k = text.find(end, max(j, 0))
+        m = text.find(_PROBE_ANSWER, max(k, 0))
+        if min(i, j, k, m) < 0 or not i < j < k < m:
+            return ReasoningLayout()
+        pieces = (text[i + len(start):j], text[j + len(_PROBE_REASONING):k], text[k + len(end):m])
+        if any(p.strip() for p in pieces):
+            return ReasoningLayout()
+        return ReasoningLayout(*pieces, kept=True)
+
+
+# -- client messages → what templates expect ---------------------------
+
+
+def normalize_messages(messages: list[dict], fmt: DetectedFormat | None) -> list[dict]:
+    """OpenAI-shaped messages as chat templates expect them: content parts
+    joined, tool-call arguments as dicts (templates apply tojson), a call-only
+    message's content as the template wants it, and, for the text envelope,
+    past calls written into the content as the model wrote them."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        m = copy.deepcopy(message)
+        m["content"] = _content_text(m.get("content"), f"messages[{i}].content")
+        calls = m.get("tool_calls")
+        if calls:
+            m["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]")
+                               for j, c in enumerate(calls)]
+            if fmt is not None and not fmt.native:
+                m = _envelope_message(m, fmt)
+            elif not m["content"] and fmt is not None:
+                m["content"] = fmt.empty_content
+        elif m["content"] is None:
+            m["content"] = ""
+        out.append(m)
+    return out
+
+
+def _content_text(content, where: str):
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise ValueError(f"{where}: only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"{where} must be a string, a list of text parts, or null")
+
+
+def _template_call(call, where: str) -> dict:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise ValueError(f"{where} must be an object with a 'function'")
+    fn = dict(call["function"])
+    if not isinstance(fn.get("name"), str):
+        raise ValueError(f"{where}.function.name must be a string")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}.function.arguments is not valid JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"{where}.function.arguments must be a JSON object")
+    fn["arguments"] = args
+    return {**call, "type": call.get("type", "function"), "function": fn}
+
+
+def _envelope_message(m: dict, fmt: DetectedFormat) -> dict:
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"],
+              "id": c.get("id", "")} for c in m.pop("tool_calls")]
+    text = TEXT_ENVELOPE.render(calls, None)
+    m["content"] = (m["content"] + fmt.content_sep + text) if m["content"] else text
+    return m

@@ -1,0 +1,358 @@
+"""Splitting an assistant message into reasoning, content and tool calls,
+by token id (DESIGN.md rule 11), as it streams.
+
+One parser serves both streaming and whole outputs: ``push`` takes the
+tokens of each step and returns OpenAI-shaped deltas; ``result`` is the
+sum of all deltas. Control tokens never become text. Inside a calls block
+the text is parsed against the format's parts (tool_formats.py); a block
+that does not parse (only possible without the tool grammar) is returned as
+content rather than lost.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from ..special_tokens import SpecialTokens
+from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
+from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Special
+
+_DECODER = json.JSONDecoder()
+
+
+@dataclass
+class ChatDelta:
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+    finish_reason: str | None = None   # only on a stream's last delta
+    error: str | None = None
+
+
+@dataclass
+class ParsedCall:
+    name: str | None = None
+    call_id: str | None = None
+    args: str = ""            # the arguments JSON text so far
+    done: bool = False
+
+
+@dataclass
+class ChatResult:
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: list[dict] = field(default_factory=list)
+
+
+class ChatParser:
+    def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
+                 tools: DetectedFormat | None, tool_schemas: dict[str, dict] | None,
+                 reasoning: tuple[str, str, str] | None, reasoning_state: str | None):
+        self.special, self.tok = special, tokenizer
+        self.tools = tools if tool_schemas else None
+        self.schemas = tool_schemas or {}
+        self.layout = reasoning                      # (open, close, after) whitespace
+        self.mode = "reasoning" if reasoning_state == "open" else "content"
+        self.after_reasoning = reasoning_state is not None
+        self.reasoning = IncrementalDetokenizer(tokenizer)
+        self.content = IncrementalDetokenizer(tokenizer)
+        self.region: list[int] = []                  # tokens of the calls block
+        self.sent_reasoning = self.sent_content = 0  # characters already emitted
+        self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
+        self.call_ids: list[str] = []
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self.broken = False                          # the calls block did not parse
+        self.finished = False
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[tuple[str, str]] = []      # (name, arguments) as streamed
+
+    # -- tokens in ------------------------------------------------------
+
+    def push(self, token_ids: list[int]) -> list[ChatDelta]:
+        for t in token_ids:
+            self._route(t)
+        return self._record(self._deltas(final=False))
+
+    def finish(self) -> list[ChatDelta]:
+        """The deltas still held back (trailing whitespace), at the end."""
+        if self.finished:
+            return []
+        self.finished = True
+        return self._record(self._deltas(final=True))
+
+    def result(self) -> ChatResult:
+        """The whole message: the sum of every delta, streamed or not."""
+        self.finish()
+        calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                 for cid, (name, args) in zip(self.call_ids, self._calls)]
+        return ChatResult(content="".join(self._content) or None,
+                          reasoning_content="".join(self._reasoning) or None, tool_calls=calls)
+
+    def _record(self, deltas: list[ChatDelta]) -> list[ChatDelta]:
+        for d in deltas:
+            if d.content:
+                self._content.append(d.content)
+            if d.reasoning_content:
+                self._reasoning.append(d.reasoning_content)
+            for call in d.tool_calls or []:
+                i, fn = call["index"], call["function"]
+                if i == len(self._calls):
+                    self._calls.append((fn["name"], ""))
+                name, args = self._calls[i]
+                self._calls[i] = (name, args + fn.get("arguments", ""))
+        return deltas
+
+    def _route(self, t: int) -> None:
+        s = self.special
+        if self.mode == "calls":
+            self.region.append(t)
+        elif self.mode == "reasoning":
+            if t == s.id("reasoning_end"):
+                self.mode, self.after_reasoning = "content", True
+            elif t not in s.control_ids:
+                self.reasoning.push(t)
+        elif t == s.id("reasoning_start") and not self.content.ids and self.layout is not None:
+            self.mode = "reasoning"
+        elif self.tools is not None and self._is_trigger(t):
+            self.mode = "calls"
+            self.region.append(t)
+        elif t not in s.control_ids:
+            self.content.push(t)
+            self._split_text_trigger()
+
+    def _is_trigger(self, t: int) -> bool:
+        trigger = self.tools.format.trigger
+        return isinstance(trigger, Special) and t == self.special.id(trigger.role)
+
+    def _split_text_trigger(self) -> None:
+        """Formats whose calls start with text (Llama's bare JSON, the text
+        envelope) switch to calls where that text appears."""
+        trigger = self.tools.format.trigger if self.tools else None
+        if not isinstance(trigger, Lit):
+            return
+        text = self.content.text
+        at = 0 if text.startswith(trigger.text) else -1
+        if self.tools.content_sep is not None:
+            at = text.find(trigger.text)
+        if at < 0:
+            return
+        self.region_text_prefix = text[at:]
+        self.content.text = text[:at]
+        self.mode = "calls"
+
+    # -- text out -------------------------------------------------------
+
+    def region_text(self) -> str:
+        out, run = [getattr(self, "region_text_prefix", "")], []
+        for t in self.region:
+            if t in self.special.control_ids:
+                out.append(self.tok.decode(run) if run else "")
+                run = []
+                if t not in self.special.end_ids:
+                    out.append(self.special.text(t))
+            else:
+                run.append(t)
+        out.append(self.tok.decode(run) if run else "")
+        return "".join(out)
+
+    def _visible_reasoning(self) -> str:
+        text = self.reasoning.text
+        if self.layout is not None:
+            text = text.lstrip("\n")
+        return text.rstrip("\n")
+
+    def _visible_content(self, final: bool, calls: list[ParsedCall]) -> str:
+        text = self.content.text
+        if self.after_reasoning:
+            text = text.lstrip("\n")
+        if self.mode == "calls" and not self.broken:
+            sep = self.tools.content_sep or ""
+            return text[:-len(sep)] if sep and text.endswith(sep) else text
+        if final:
+            return text + (self.region_text() if self.broken or self.mode == "calls" else "")
+        # hold back what could still be a separator or the start of a text trigger
+        held = len(text) - len(text.rstrip("\n"))
+        trigger = self.tools.format.trigger if self.tools else None
+        if isinstance(trigger, Lit):
+            for k in range(min(len(trigger.text) - 1, len(text)), 0, -1):
+                if trigger.text.startswith(text[-k:]):
+                    held = max(held, k)
+                    break
+        return text[:len(text) - held]
+
+    def _deltas(self, final: bool) -> list[ChatDelta]:
+        calls = self._parse_calls(final) if self.mode == "calls" else []
+        out = []
+        reasoning = self._visible_reasoning()
+        if len(reasoning) > self.sent_reasoning:
+            out.append(ChatDelta(reasoning_content=reasoning[self.sent_reasoning:]))
+            self.sent_reasoning = len(reasoning)
+        content = self._visible_content(final, calls)
+        if len(content) > self.sent_content:
+            out.append(ChatDelta(content=content[self.sent_content:]))
+            self.sent_content = len(content)
+        if not self.broken:
+            out += self._call_deltas(calls)
+        return out
+
+    def _call_deltas(self, calls: list[ParsedCall]) -> list[ChatDelta]:
+        out = []
+        for i, call in enumerate(calls):
+            if call.name is None:
+                break
+            if i == len(self.sent_calls):
+                self.call_ids.append(call.call_id or f"call_{self._id_prefix}{i}")
+                self.sent_calls.append((True, 0))
+                out.append(ChatDelta(tool_calls=[{"index": i, "id": self.call_ids[i], "type": "function",
+                                                  "function": {"name": call.name, "arguments": ""}}]))
+            sent = self.sent_calls[i][1]
+            if len(call.args) > sent:
+                out.append(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.args[sent:]}}]))
+                self.sent_calls[i] = (True, len(call.args))
+        return out
+
+    # -- the calls block ------------------------------------------------
+
+    def _parse_calls(self, final: bool) -> list[ParsedCall]:
+        calls, ok = parse_calls(self.region_text(), self.tools, self.schemas, self.special)
+        if final and (not ok or not calls or not all(c.done for c in calls)):
+            self.broken = not self.sent_calls  # never take back calls already streamed
+            return [c for c in calls if c.done] if self.sent_calls else []
+        return calls
+
+
+def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
+                special: SpecialTokens) -> tuple[list[ParsedCall], bool]:
+    """The calls in a (possibly unfinished) calls block; ok is False when the
+    text cannot be a prefix of a block of this format."""
+    f = fmt.format
+    cur = _Cursor(text, special)
+    if not cur.parts(f.open):
+        return [], cur.ok
+    calls: list[ParsedCall] = []
+    while True:
+        if calls and not cur.parts(f.sep):
+            break
+        call = ParsedCall()
+        calls.append(call)
+        if not _parse_call(cur, f, call, schemas):
+            return calls, cur.ok
+        if cur.at_end():
+            return calls, True
+        if not cur.peek(f.sep) or (not f.sep and not cur.peek(f.call)):
+            break
+    cur.parts(f.close)
+    return calls, cur.ok
+
+
+def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -> bool:
+    parts = f.call
+    for k, part in enumerate(parts):
+        if part is NAME:
+            nxt = cur.render(parts[k + 1]) if k + 1 < len(parts) else ""
+            call.name = cur.name(schemas, nxt)
+            if call.name is None:
+                return False
+        elif part is CALL_ID:
+            call.call_id = cur.regex(CALL_ID_PATTERN)
+            if call.call_id is None:
+                return False
+        elif part is ARGS:
+            if not (cur.json_args(call) if f.args_style == "json" else cur.xml_args(call, schemas)):
+                return False
+        elif not cur.parts((part,)):
+            return False
+    call.done = True
+    return True
+
+
+class _Cursor:
+    """Reads a calls block left to right; stops (ok stays True) where the
+    text ends before a part is complete, fails (ok False) on a mismatch."""
+
+    def __init__(self, text: str, special: SpecialTokens):
+        self.text, self.pos, self.ok, self.special = text, 0, True, special
+
+    def render(self, part) -> str:
+        if isinstance(part, Lit):
+            return part.text
+        if isinstance(part, Special):
+            return self.special.text(self.special.id(part.role))
+        return ""
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.text)
+
+    def peek(self, parts) -> bool:
+        want = "".join(self.render(p) for p in parts if isinstance(p, (Lit, Special)))
+        return bool(want) and self.text.startswith(want, self.pos)
+
+    def expect(self, want: str) -> bool:
+        rest = self.text[self.pos:]
+        if rest.startswith(want):
+            self.pos += len(want)
+            return True
+        if not want.startswith(rest):
+            self.ok = False
+        return False
+
+    def parts(self, parts) -> bool:
+        return all(self.expect(self.render(p)) for p in parts if isinstance(p, (Lit, Special)))
+
+    def name(self, schemas: dict[str, dict], nxt: str) -> str | None:
+        rest = self.text[self.pos:]
+        for name in sorted(schemas, key=len, reverse=True):
+            if rest.startswith(name + nxt) or (rest.startswith(name) and nxt.startswith(rest[len(name):])):
+                self.pos += len(name)
+                return name
+        if not any((n + nxt).startswith(rest) for n in schemas):
+            self.ok = False
+        return None
+
+    def regex(self, pattern: str) -> str | None:
+        m = re.compile(pattern).match(self.text, self.pos)
+        if m is None:
+            return None
+        self.pos = m.end()
+        return m.group(0)
+
+    def json_args(self, call: ParsedCall) -> bool:
+        try:
+            value, end = _DECODER.raw_decode(self.text, self.pos)
+        except json.JSONDecodeError:
+            call.args = self.text[self.pos:]
+            return False
+        if not isinstance(value, dict):
+            self.ok = False
+            return False
+        call.args = self.text[self.pos:end]
+        self.pos = end
+        return True
+
+    def xml_args(self, call: ParsedCall, schemas: dict[str, dict]) -> bool:
+        props = (schemas.get(call.name) or {}).get("properties") or {}
+        values = {}
+        while self.text.startswith("<parameter=", self.pos):
+            head = self.text.find(">\n", self.pos)
+            tail = self.text.find("\n</parameter>\n", head + 2) if head >= 0 else -1
+            if tail < 0:
+                return False
+            name, raw = self.text[self.pos + len("<parameter="):head], self.text[head + 2:tail]
+            values[name] = _xml_typed(raw, props.get(name) or {})
+            self.pos = tail + len("\n</parameter>\n")
+        if self.at_end():
+            return False
+        call.args = json.dumps(values, ensure_ascii=False)
+        return True
+
+
+def _xml_typed(raw: str, schema: dict):
+    if schema.get("type") == "string":
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

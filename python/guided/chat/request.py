@@ -1,0 +1,204 @@
+"""One chat request, checked and planned: the prompt ids, the grammar of the
+whole assistant message, and a parser for what comes back.
+
+Every field is checked here, where it enters, with a ValueError that names
+it; nothing reaches the engine until the whole request is known to be good.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..grammar.chat import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
+from ..grammar.json_schema import json_schema_grammar
+from ..sampling_params import SamplingParams
+from .chat_format import ChatFormat, EncodedChat, normalize_messages
+from .parser import ChatParser
+from .tool_formats import TEXT_ENVELOPE
+
+#: Reasoning token budgets per effort (tokens of reasoning text, enforced by
+#: the grammar). None: the model's default; "none": no reasoning block.
+REASONING_BUDGETS = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+REASONING_EFFORTS = ("none", *REASONING_BUDGETS)
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+@dataclass
+class ChatPlan:
+    prompt_ids: list[int]
+    params: SamplingParams
+    grammar: str | None            # llguidance TopLevelGrammar JSON, or None (free text)
+    encoded: EncodedChat
+    make_parser: Callable[[], ChatParser]
+
+    def parser(self) -> ChatParser:
+        return self.make_parser()
+
+
+def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages: list[dict], *,
+                 tools: list[dict] | None = None, tool_choice: Any = "auto",
+                 response_format: dict | None = None, reasoning_effort: str | None = None,
+                 parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
+                 documents: list | None = None, sampling_params: SamplingParams | None = None,
+                 tool_grammar: bool = True) -> ChatPlan:
+    """``compile_check(grammar_json)`` raises ValueError when a grammar does
+    not compile (the engine's compiler; its cache makes the later compile free)."""
+    parsed_tools = _check_tools(tools, compile_check)
+    choice = _check_tool_choice(tool_choice, parsed_tools)
+    answer = _check_response_format(response_format)
+    effort = _check_effort(reasoning_effort, chat)
+    if not isinstance(parallel_tool_calls, bool):
+        raise ValueError("parallel_tool_calls must be a boolean")
+    kwargs = _template_kwargs(chat, chat_template_kwargs, effort)
+
+    fmt = chat.tools
+    msgs = normalize_messages(messages, fmt)
+    template_tools = [t["raw"] for t in parsed_tools] or None
+    if parsed_tools and not fmt.native and "tools" not in chat.template:
+        msgs = _with_envelope_system(msgs, parsed_tools)
+        template_tools = None
+    encoded = chat.encode(msgs, tools=template_tools, documents=documents, kwargs=kwargs)
+
+    tool_plan = _tool_plan(fmt, parsed_tools, choice, parallel_tool_calls, tool_grammar)
+    reasoning = _reasoning_plan(chat, encoded, effort)
+    if answer is not None:
+        compile_check(json.dumps({"grammars": [answer]}))
+    grammar = None
+    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
+        grammar = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
+        compile_check(grammar)
+
+    params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
+    schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
+    layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
+    return ChatPlan(encoded.ids, params, grammar, encoded,
+                    lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
+                                       encoded.reasoning_state))
+
+
+# -- checks ------------------------------------------------------------
+
+
+def _check_tools(tools, compile_check) -> list[dict]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ValueError("tools must be a list")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or \
+                not isinstance(tool.get("function"), dict):
+            raise ValueError(f"{where} must be {{'type': 'function', 'function': {{...}}}}")
+        fn = tool["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise ValueError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-'")
+        if name in seen:
+            raise ValueError(f"{where}.function.name {name!r} is given twice")
+        seen.add(name)
+        schema = fn.get("parameters") or {"type": "object", "properties": {}}
+        try:
+            if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+                raise ValueError("must be a JSON Schema of type 'object'")
+            compile_check(json.dumps({"grammars": [tool_args_entry(schema)]}))
+        except ValueError as exc:
+            raise ValueError(f"{where}.function.parameters is not a usable JSON Schema: {exc}") from None
+        out.append({"name": name, "schema": schema, "raw": {"type": "function", "function": fn}})
+    return out
+
+
+def _check_tool_choice(choice, tools: list[dict]):
+    if choice in (None, "auto"):
+        return "auto" if tools else "none"
+    if choice in ("none", "required"):
+        if choice == "required" and not tools:
+            raise ValueError("tool_choice is 'required' but no tools are given")
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in {t["name"] for t in tools}:
+            raise ValueError(f"tool_choice names the function {name!r}, which is not in tools")
+        return {"name": name}
+    raise ValueError("tool_choice must be 'none', 'auto', 'required' or "
+                     "{'type': 'function', 'function': {'name': ...}}")
+
+
+def _check_response_format(rf) -> dict | None:
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ValueError("response_format.type must be 'text', 'json_object' or 'json_schema'")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return json_schema_grammar({"type": "object"})
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+        raise ValueError("response_format.json_schema must be an object with a 'schema'")
+    try:
+        return json_schema_grammar(spec.get("schema", {}))
+    except ValueError as exc:
+        raise ValueError(f"response_format.json_schema.schema: {exc}") from None
+
+
+def _check_effort(effort, chat: ChatFormat) -> str | None:
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                         f"got {effort!r}")
+    if effort != "none" and chat.reasoning is None:
+        raise ValueError(f"reasoning_effort={effort!r}: this model's template and tokenizer "
+                         "have no reasoning block")
+    return effort
+
+
+def _template_kwargs(chat: ChatFormat, given: dict | None, effort: str | None) -> dict:
+    if given is not None and not isinstance(given, dict):
+        raise ValueError("chat_template_kwargs must be an object")
+    kwargs = dict(given or {})
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+        if chat.thinking_switch:
+            kwargs.setdefault(chat.thinking_switch, effort != "none")
+    return kwargs
+
+
+# -- plans ---------------------------------------------------------------
+
+
+def _tool_plan(fmt, tools, choice, parallel: bool, tool_grammar: bool) -> ToolPlan | None:
+    if choice == "none" or not tools or (choice == "auto" and not tool_grammar):
+        return None
+    if isinstance(choice, dict):
+        chosen = tuple(Tool(t["name"], t["schema"]) for t in tools if t["name"] == choice["name"])
+        return ToolPlan(fmt, chosen, "required", parallel=False)
+    return ToolPlan(fmt, tuple(Tool(t["name"], t["schema"]) for t in tools), choice,
+                    parallel=parallel and fmt.parallel)
+
+
+def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None) -> ReasoningPlan | None:
+    if chat.reasoning is None:
+        return None
+    start, end = chat.special.reasoning_ids
+    layout = chat.reasoning
+    mode = "optional" if effort is None else "forbidden" if effort == "none" else "required"
+    return ReasoningPlan(start, end, layout.open, layout.close, layout.after,
+                         encoded.reasoning_state, mode, REASONING_BUDGETS.get(effort))
+
+
+def _with_envelope_system(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """Tools for a template that cannot show them: described in the system
+    message, with the envelope the grammar and parser use."""
+    listing = "\n".join(json.dumps(t["raw"]["function"], ensure_ascii=False) for t in tools)
+    example = TEXT_ENVELOPE.render([{"name": "<function-name>", "arguments": {"<arg>": "<value>"},
+                                     "id": ""}], None)
+    note = ("You can call these functions:\n" + listing + "\n\nTo call one, reply with:\n" + example)
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{note}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]

@@ -1,0 +1,147 @@
+"""Composition of a whole assistant message (DESIGN.md rule 4):
+``[reasoning] body``, where body is the client's constraint, tool calls in
+the model's own format, or text. The engine allows the model's end tokens
+where the grammar accepts.
+
+The grammar starts exactly where the prompt ends: when the generation prompt
+already opened a reasoning block, the grammar starts inside it; when it holds
+a closed one, the grammar starts at the body. The client's constraint is a
+sub-grammar of its own, never fed the reasoning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..chat.tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special
+from ..special_tokens import SpecialTokens
+from .json_schema import json_schema_grammar
+from .lark import Expr, GrammarBuilder, alt, lit, opt, regex, seq, star, text_without, token
+
+#: Separators of `tojson` (json.dumps defaults): templates write arguments so.
+TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    schema: dict
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    format: DetectedFormat
+    tools: tuple[Tool, ...]     # the tools the model may call here
+    mode: str                   # "auto", "required" (named choice: required, one tool)
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class ReasoningPlan:
+    start_id: int
+    end_id: int
+    open: str
+    close: str
+    after: str
+    state: str | None           # generation prompt: "open", "closed" or None
+    mode: str                   # "optional", "required", "forbidden"
+    budget: int | None = None   # tokens of reasoning text at most
+
+
+def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
+                 tools: ToolPlan | None = None, answer: dict | None = None) -> str:
+    """TopLevelGrammar JSON for one assistant message. ``answer`` is a grammar
+    entry for the answer (e.g. ``{"json_schema": ...}``)."""
+    g = GrammarBuilder()
+    body = _body(g, special, tools, answer)
+    g.rule("start", seq(_reasoning(g, reasoning), body))
+    return g.build()
+
+
+def _reasoning(g: GrammarBuilder, r: ReasoningPlan | None) -> Expr:
+    if r is None or r.state == "closed":
+        return ""
+    close = seq(lit(r.close) if r.state == "open" and r.mode == "forbidden" else "",
+                token(r.end_id), lit(r.after))
+    if r.mode == "forbidden":
+        return close if r.state == "open" else ""
+    text = g.rule("reasoning", regex(r"(?s:.*)"), max_tokens=r.budget)
+    inside = seq(text, close)
+    if r.state == "open":
+        return inside
+    block = seq(token(r.start_id), lit(r.open), inside)
+    return block if r.mode == "required" else opt(block)
+
+
+def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
+          answer: dict | None) -> Expr:
+    if tools is None:
+        return g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)")
+    calls = _calls_block(g, special, tools)
+    if tools.mode == "required":
+        return calls
+    fmt = tools.format
+    trigger = fmt.format.trigger
+    avoid = () if isinstance(trigger, Special) else (trigger.text,)
+    anchored = fmt.format.open == () and fmt.content_sep is None and bool(avoid)
+    text = g.subgrammar("answer", answer) if answer else \
+        g.lexeme(text_without(*avoid, anchored=anchored))
+    if fmt.content_sep is None or answer:
+        return alt(text, calls)
+    lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep))
+    return alt(text, seq(opt(lead), calls))
+
+
+def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Expr:
+    fmt = plan.format.format
+    one = g.rule("call", alt(*(_call(g, special, fmt, i, t) for i, t in enumerate(plan.tools))))
+    more = star(seq(_parts(special, fmt.sep), one)) if plan.parallel else ""
+    return seq(_parts(special, fmt.open), one, more, _parts(special, fmt.close))
+
+
+def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool) -> Expr:
+    out = []
+    for part in fmt.call:
+        if part is NAME:
+            out.append(lit(tool.name))
+        elif part is ARGS:
+            out.append(_args(g, fmt.args_style, index, tool))
+        elif part is CALL_ID:
+            out.append(regex(CALL_ID_PATTERN))
+        else:
+            out.append(_parts(special, (part,)))
+    return seq(*out)
+
+
+def _parts(special: SpecialTokens, parts: tuple[Part, ...]) -> Expr:
+    return seq(*(token(special.id(p.role)) if isinstance(p, Special) else lit(p.text)
+                 for p in parts if isinstance(p, (Special, Lit))))
+
+
+def tool_args_entry(schema: dict) -> dict:
+    """A tool's parameters as a JSON grammar entry in the template's JSON style."""
+    entry = json_schema_grammar(schema, "compact")
+    entry["json_schema"]["x-guidance"].update(TEMPLATE_JSON)
+    return entry
+
+
+def _args(g: GrammarBuilder, style: str, index: int, tool: Tool) -> Expr:
+    if style == "json":
+        return g.subgrammar(f"args_{index}", tool_args_entry(tool.schema))
+    props = tool.schema.get("properties") or {}
+    required = set(tool.schema.get("required") or [])
+    params = []
+    for j, (name, sub) in enumerate(props.items()):
+        value = _xml_value(g, f"args_{index}_{j}", sub if isinstance(sub, dict) else {})
+        param = seq(lit(f"<parameter={name}>\n"), value)
+        params.append(param if name in required else opt(param))
+    return seq(*params)
+
+
+def _xml_value(g: GrammarBuilder, name: str, schema: dict) -> Expr:
+    """A string parameter is raw text up to its closing tag; anything else is JSON."""
+    end = lit("\n</parameter>\n")
+    if schema.get("type") == "string" and "enum" not in schema:
+        return g.rule(name, regex(r"(?s:.*)"), suffix="\n</parameter>\n")
+    if schema.get("type") == "string":
+        return seq(alt(*(lit(str(v)) for v in schema["enum"])), end)
+    return seq(g.subgrammar(name, tool_args_entry(schema)), end)

@@ -1,0 +1,128 @@
+"""The special-token registry: the one place that knows what each added token
+of a model is for (DESIGN.md rules 1, 2 and 7).
+
+Sources, in order: the tokenizer's added tokens; the ids the model files
+declare (tokenizer_config.json, generation_config.json, config.json, GGUF
+metadata); the chat template (the token that ends an assistant turn in a
+render is an end token whatever the metadata says); and, where the files are
+silent, the per-family table below. Every other module asks the registry
+(``registry.id("tool_call_start")``, ``registry.end_ids``) and never matches
+token text itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from tokenizers import Tokenizer
+
+# Added tokens that end generation in the families we know, whether or not
+# the model's metadata lists them (rule 1: end of sequence is a set).
+KNOWN_END_TEXTS = frozenset({
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
+    "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>", "</s>",
+})
+
+# The per-family table: marker text → the role other modules ask for.
+MARKER_ROLES: Mapping[str, str] = MappingProxyType({
+    # reasoning
+    "<think>": "reasoning_start", "</think>": "reasoning_end",
+    "[THINK]": "reasoning_start", "[/THINK]": "reasoning_end",
+    # Hermes / Qwen tool calls
+    "<tool_call>": "tool_call_start", "</tool_call>": "tool_call_end",
+    "<tool_response>": "tool_response_start", "</tool_response>": "tool_response_end",
+    # Llama 3.x
+    "<|python_tag|>": "python_tag",
+    "<|start_header_id|>": "header_start", "<|end_header_id|>": "header_end",
+    # Mistral
+    "[TOOL_CALLS]": "tool_calls_marker", "[ARGS]": "tool_args_marker", "[CALL_ID]": "tool_call_id_marker",
+    "[AVAILABLE_TOOLS]": "tools_start", "[/AVAILABLE_TOOLS]": "tools_end",
+    "[TOOL_RESULTS]": "tool_results_start", "[/TOOL_RESULTS]": "tool_results_end",
+    "[INST]": "user_start", "[/INST]": "user_end",
+    "[SYSTEM_PROMPT]": "system_start", "[/SYSTEM_PROMPT]": "system_end",
+    # DeepSeek R1 / V3
+    "<｜tool▁calls▁begin｜>": "tool_calls_begin", "<｜tool▁calls▁end｜>": "tool_calls_end",
+    "<｜tool▁call▁begin｜>": "tool_call_begin", "<｜tool▁call▁end｜>": "tool_call_end_ds",
+    "<｜tool▁sep｜>": "tool_sep",
+    "<｜tool▁outputs▁begin｜>": "tool_outputs_begin", "<｜tool▁outputs▁end｜>": "tool_outputs_end",
+    "<｜tool▁output▁begin｜>": "tool_output_begin", "<｜tool▁output▁end｜>": "tool_output_end",
+    "<｜User｜>": "user_start", "<｜Assistant｜>": "assistant_start",
+    # ChatML
+    "<|im_start|>": "turn_start",
+})
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Added tokens of one model, classified once at load time.
+
+    ``control_ids`` holds every added token: text a client sends is never
+    tokenized into any of them (rule 7), and no text is shown for them.
+    """
+
+    end_ids: frozenset[int]
+    control_ids: frozenset[int]
+    texts: Mapping[int, str]                  # id → text, for every added token
+    roles: Mapping[str, int] = field(default_factory=dict)   # role → id, from MARKER_ROLES
+    bos_id: int | None = None
+    pad_id: int | None = None
+
+    @classmethod
+    def classify(cls, tokenizer: Tokenizer, declared_end_ids: set[int],
+                 bos_token: str | None = None, pad_token: str | None = None) -> "SpecialTokens":
+        decoder = tokenizer.get_added_tokens_decoder()
+        texts = {tid: tok.content for tid, tok in decoder.items()}
+        ids = {text: tid for tid, text in sorted(texts.items(), reverse=True)}
+        ends = set(declared_end_ids) | {ids[t] for t in KNOWN_END_TEXTS if t in ids}
+        if not ends:
+            raise ValueError("the model declares no end token; generation could never stop")
+        roles: dict[str, int] = {}
+        for text, role in MARKER_ROLES.items():
+            if text in ids:
+                roles.setdefault(role, ids[text])
+        return cls(end_ids=frozenset(ends), control_ids=frozenset(texts),
+                   texts=MappingProxyType(texts), roles=MappingProxyType(roles),
+                   bos_id=ids.get(bos_token) if bos_token else None,
+                   pad_id=ids.get(pad_token) if pad_token else None)
+
+    def with_end_ids(self, extra: set[int]) -> "SpecialTokens":
+        """The registry with more end tokens (found in the chat template)."""
+        return SpecialTokens(self.end_ids | frozenset(extra), self.control_ids, self.texts,
+                             self.roles, self.bos_id, self.pad_id)
+
+    # -- questions the other layers ask --------------------------------
+
+    def id(self, role: str) -> int | None:
+        return self.roles.get(role)
+
+    def text(self, token_id: int) -> str:
+        return self.texts[token_id]
+
+    def id_of_text(self, text: str) -> int | None:
+        """The added token whose text is exactly ``text``, if any."""
+        for tid, t in self.texts.items():
+            if t == text:
+                return tid
+        return None
+
+    @property
+    def reasoning_ids(self) -> tuple[int, int] | None:
+        return self._pair("reasoning_start", "reasoning_end")
+
+    @property
+    def tool_call_ids(self) -> tuple[int, int] | None:
+        return self._pair("tool_call_start", "tool_call_end")
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self.control_ids
+
+    def marker_texts(self) -> list[str]:
+        """Every marker text this model has (the injection test's alphabet)."""
+        return sorted(set(self.texts.values()))
+
+    def _pair(self, a: str, b: str) -> tuple[int, int] | None:
+        if a in self.roles and b in self.roles:
+            return self.roles[a], self.roles[b]
+        return None
