@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/families.py
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +38,34 @@ def hf_default(default_gguf):
         str(path.parent), gguf_file=path.name, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return model.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def family_root(tmp_path_factory, default_gguf):
+    """Where the chat-family test models are built (see tests/families.py)."""
+    import families
+    if not families.TEMPLATES.is_dir():
+        pytest.skip(f"the family templates are in {families.TEMPLATES}, which is absent")
+    root = tmp_path_factory.mktemp("families")
+    families.save_weights(default_gguf, root / "weights.safetensors")
+    return root
+
+
+_FAMILY_LLM: dict = {}
+
+
+@pytest.fixture
+def family_llm(family_root, default_gguf):
+    """family name → an LLM of that family (one alive at a time: they are big)."""
+    import families
+    from guided import LLM
+
+    def get(name: str):
+        if name not in _FAMILY_LLM:
+            _FAMILY_LLM.clear()
+            family = families.BY_NAME[name]
+            path = default_gguf if family.template is None else \
+                families.build(family, default_gguf, family_root, family_root / "weights.safetensors")
+            _FAMILY_LLM[name] = LLM(path, max_num_seqs=24, kv_cache_tokens=24576)
+        return _FAMILY_LLM[name]
+    return get

@@ -193,8 +193,27 @@ def _template_call(call, where: str) -> dict:
             raise ValueError(f"{where}.function.arguments is not valid JSON: {exc}") from None
     if not isinstance(args, dict):
         raise ValueError(f"{where}.function.arguments must be a JSON object")
-    fn["arguments"] = args
+    fn["arguments"] = TemplateArguments(args)
     return {**call, "type": call.get("type", "function"), "function": fn}
+
+
+class TemplateArguments(dict):
+    """Tool-call arguments as templates use them: most apply ``tojson`` or
+    iterate items (a dict), some concatenate them to a string (the JSON
+    text). Being both, one conversation renders under either kind."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __radd__(self, other):
+        if isinstance(other, str):
+            return other + str(self)
+        return NotImplemented
+
+    def __add__(self, other):
+        if isinstance(other, str):
+            return str(self) + other
+        return NotImplemented
 
 
 def _envelope_message(m: dict, fmt: DetectedFormat) -> dict:

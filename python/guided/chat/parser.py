@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
-from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Special
+from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Special, resolve
 
 _DECODER = json.JSONDecoder()
 
@@ -59,6 +59,7 @@ class ChatParser:
         self.reasoning = IncrementalDetokenizer(tokenizer)
         self.content = IncrementalDetokenizer(tokenizer)
         self.region: list[int] = []                  # tokens of the calls block
+        self.region_prefix = ""                      # its text before them (text triggers)
         self.sent_reasoning = self.sent_content = 0  # characters already emitted
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
         self.call_ids: list[str] = []
@@ -124,29 +125,35 @@ class ChatParser:
             self._split_text_trigger()
 
     def _is_trigger(self, t: int) -> bool:
-        trigger = self.tools.format.trigger
-        return isinstance(trigger, Special) and t == self.special.id(trigger.role)
+        return t == resolve(self.tools.format.trigger, self.special)[0]
+
+    def _text_trigger(self) -> str | None:
+        """The text that opens a calls block, for formats whose block starts
+        with text (Llama's bare JSON, the text envelope, markers the
+        tokenizer has no token for)."""
+        if self.tools is None:
+            return None
+        tid, text = resolve(self.tools.format.trigger, self.special)
+        return text if tid is None else None
 
     def _split_text_trigger(self) -> None:
-        """Formats whose calls start with text (Llama's bare JSON, the text
-        envelope) switch to calls where that text appears."""
-        trigger = self.tools.format.trigger if self.tools else None
-        if not isinstance(trigger, Lit):
+        trigger = self._text_trigger()
+        if trigger is None:
             return
         text = self.content.text
-        at = 0 if text.startswith(trigger.text) else -1
+        at = 0 if text.startswith(trigger) else -1
         if self.tools.content_sep is not None:
-            at = text.find(trigger.text)
+            at = text.find(trigger)
         if at < 0:
             return
-        self.region_text_prefix = text[at:]
+        self.region_prefix = text[at:]
         self.content.text = text[:at]
         self.mode = "calls"
 
     # -- text out -------------------------------------------------------
 
     def region_text(self) -> str:
-        out, run = [getattr(self, "region_text_prefix", "")], []
+        out, run = [self.region_prefix], []
         for t in self.region:
             if t in self.special.control_ids:
                 out.append(self.tok.decode(run) if run else "")
@@ -175,10 +182,10 @@ class ChatParser:
             return text + (self.region_text() if self.broken or self.mode == "calls" else "")
         # hold back what could still be a separator or the start of a text trigger
         held = len(text) - len(text.rstrip("\n"))
-        trigger = self.tools.format.trigger if self.tools else None
-        if isinstance(trigger, Lit):
-            for k in range(min(len(trigger.text) - 1, len(text)), 0, -1):
-                if trigger.text.startswith(text[-k:]):
+        trigger = self._text_trigger()
+        if trigger is not None:
+            for k in range(min(len(trigger) - 1, len(text)), 0, -1):
+                if trigger.startswith(text[-k:]):
                     held = max(held, k)
                     break
         return text[:len(text) - held]
@@ -277,11 +284,7 @@ class _Cursor:
         self.text, self.pos, self.ok, self.special = text, 0, True, special
 
     def render(self, part) -> str:
-        if isinstance(part, Lit):
-            return part.text
-        if isinstance(part, Special):
-            return self.special.text(self.special.id(part.role))
-        return ""
+        return resolve(part, self.special)[1] if isinstance(part, (Lit, Special)) else ""
 
     def at_end(self) -> bool:
         return self.pos >= len(self.text)

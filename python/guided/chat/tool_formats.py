@@ -22,7 +22,19 @@ log = logging.getLogger("guided.chat")
 
 @dataclass(frozen=True)
 class Special:
+    """A marker token by registry role; where the tokenizer has no such
+    token (the template writes the marker as text) it is that text."""
+
     role: str   # a SpecialTokens role, e.g. "tool_call_start"
+    text: str   # the family's marker text
+
+
+def resolve(part: "Special | Lit", special: SpecialTokens | None) -> tuple[int | None, str]:
+    """(token id or None, text) of a fixed part."""
+    if isinstance(part, Special) and special is not None and special.id(part.role) is not None:
+        tid = special.id(part.role)
+        return tid, special.text(tid)
+    return None, part.text
 
 
 @dataclass(frozen=True)
@@ -53,10 +65,6 @@ class ToolFormat:
     #: "xml": one `<parameter=NAME>\nVALUE\n</parameter>\n` per argument.
     args_style: str = "json"
 
-    def roles(self) -> set[str]:
-        return {p.role for p in (*self.open, *self.call, *self.sep, *self.close)
-                if isinstance(p, Special)}
-
     @property
     def trigger(self) -> Part:
         """The first part of a call block: where the parser switches to calls."""
@@ -75,10 +83,8 @@ class ToolFormat:
         return "".join(out)
 
     def _render_part(self, part: Part, call: dict | None, special: SpecialTokens | None) -> str:
-        if isinstance(part, Lit):
-            return part.text
-        if isinstance(part, Special):
-            return special.text(special.id(part.role)) if special else f"<{part.role}>"
+        if isinstance(part, (Lit, Special)):
+            return resolve(part, special)[1]
         if part is NAME:
             return call["name"]
         if part is CALL_ID:
@@ -99,31 +105,31 @@ def xml_value(value) -> str:
 
 TABLE: tuple[ToolFormat, ...] = (
     # Hermes, Qwen2.5, Qwen3: JSON inside <tool_call> tokens
-    ToolFormat("hermes", call=(Special("tool_call_start"), Lit('\n{"name": "'), NAME,
-                               Lit('", "arguments": '), ARGS, Lit("}\n"), Special("tool_call_end")),
+    ToolFormat("hermes", call=(Special("tool_call_start", "<tool_call>"), Lit('\n{"name": "'), NAME,
+                               Lit('", "arguments": '), ARGS, Lit("}\n"), Special("tool_call_end", "</tool_call>")),
                sep=(Lit("\n"),)),
     # Qwen3-Coder: XML-like functions and parameters inside <tool_call> tokens
-    ToolFormat("qwen3_coder", call=(Special("tool_call_start"), Lit("\n<function="), NAME, Lit(">\n"),
-                                    ARGS, Lit("</function>\n"), Special("tool_call_end")),
+    ToolFormat("qwen3_coder", call=(Special("tool_call_start", "<tool_call>"), Lit("\n<function="), NAME, Lit(">\n"),
+                                    ARGS, Lit("</function>\n"), Special("tool_call_end", "</tool_call>")),
                sep=(Lit("\n"),), args_style="xml"),
     # Mistral Nemo (v3 tokenizer): a JSON list after [TOOL_CALLS]
-    ToolFormat("mistral_list", open=(Special("tool_calls_marker"), Lit("[")),
+    ToolFormat("mistral_list", open=(Special("tool_calls_marker", "[TOOL_CALLS]"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
                      CALL_ID, Lit('"}')),
                sep=(Lit(", "),), close=(Lit("]"),)),
     # Mistral Small 3.2 / Devstral (v7+): [TOOL_CALLS]name[ARGS]{...} per call
-    ToolFormat("mistral_args", call=(Special("tool_calls_marker"), NAME, Special("tool_args_marker"),
+    ToolFormat("mistral_args", call=(Special("tool_calls_marker", "[TOOL_CALLS]"), NAME, Special("tool_args_marker", "[ARGS]"),
                                      ARGS)),
     # DeepSeek R1: typed calls with a fenced JSON block
-    ToolFormat("deepseek_r1", open=(Special("tool_calls_begin"),),
-               call=(Special("tool_call_begin"), Lit("function"), Special("tool_sep"), NAME,
-                     Lit("\n```json\n"), ARGS, Lit("\n```"), Special("tool_call_end_ds")),
-               sep=(Lit("\n"),), close=(Special("tool_calls_end"),)),
+    ToolFormat("deepseek_r1", open=(Special("tool_calls_begin", "<｜tool▁calls▁begin｜>"),),
+               call=(Special("tool_call_begin", "<｜tool▁call▁begin｜>"), Lit("function"), Special("tool_sep", "<｜tool▁sep｜>"), NAME,
+                     Lit("\n```json\n"), ARGS, Lit("\n```"), Special("tool_call_end_ds", "<｜tool▁call▁end｜>")),
+               sep=(Lit("\n"),), close=(Special("tool_calls_end", "<｜tool▁calls▁end｜>"),)),
     # DeepSeek V3.1: name<sep>arguments
-    ToolFormat("deepseek_v3", open=(Special("tool_calls_begin"),),
-               call=(Special("tool_call_begin"), NAME, Special("tool_sep"), ARGS,
-                     Special("tool_call_end_ds")),
-               close=(Special("tool_calls_end"),)),
+    ToolFormat("deepseek_v3", open=(Special("tool_calls_begin", "<｜tool▁calls▁begin｜>"),),
+               call=(Special("tool_call_begin", "<｜tool▁call▁begin｜>"), NAME, Special("tool_sep", "<｜tool▁sep｜>"), ARGS,
+                     Special("tool_call_end_ds", "<｜tool▁call▁end｜>")),
+               close=(Special("tool_calls_end", "<｜tool▁calls▁end｜>"),)),
     # Llama 3.1/3.2/3.3: the whole message is one bare JSON call
     ToolFormat("llama3_json", call=(Lit('{"name": "'), NAME, Lit('", "parameters": '), ARGS, Lit("}"))),
 )
@@ -176,8 +182,6 @@ def detect(render: Render, special: SpecialTokens) -> DetectedFormat:
     """The first format in TABLE whose rendering of the probe calls appears,
     byte for byte, in what the template renders; else the text envelope."""
     for fmt in TABLE:
-        if any(special.id(role) is None for role in fmt.roles()):
-            continue
         found = _probe(render, special, fmt)
         if found is not None:
             log.info("tool-call format: %s (parallel=%s)", fmt.name, found.parallel)

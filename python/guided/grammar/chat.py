@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chat.tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special
+from ..chat.tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special, resolve
 from ..special_tokens import SpecialTokens
 from .json_schema import json_schema_grammar
 from .lark import Expr, GrammarBuilder, alt, lit, opt, regex, seq, star, text_without, token
@@ -80,9 +80,9 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     if tools.mode == "required":
         return calls
     fmt = tools.format
-    trigger = fmt.format.trigger
-    avoid = () if isinstance(trigger, Special) else (trigger.text,)
-    anchored = fmt.format.open == () and fmt.content_sep is None and bool(avoid)
+    tid, trigger_text = resolve(fmt.format.trigger, special)
+    avoid = () if tid is not None else (trigger_text,)
+    anchored = fmt.content_sep is None   # text then calls is impossible: only its start matters
     text = g.subgrammar("answer", answer) if answer else \
         g.lexeme(text_without(*avoid, anchored=anchored))
     if fmt.content_sep is None or answer:
@@ -113,8 +113,12 @@ def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool
 
 
 def _parts(special: SpecialTokens, parts: tuple[Part, ...]) -> Expr:
-    return seq(*(token(special.id(p.role)) if isinstance(p, Special) else lit(p.text)
-                 for p in parts if isinstance(p, (Special, Lit))))
+    return seq(*(_fixed(special, p) for p in parts if isinstance(p, (Special, Lit))))
+
+
+def _fixed(special: SpecialTokens, part: Special | Lit) -> Expr:
+    tid, text = resolve(part, special)
+    return token(tid) if tid is not None else lit(text)
 
 
 def tool_args_entry(schema: dict) -> dict:

@@ -1,0 +1,148 @@
+"""Test models for each chat family: the default model's real weights with
+its tokenizer's 14 unused added tokens (ids 3-16: `<repo_name>`, ...)
+renamed to the family's markers, saved as an HF directory with the family's
+own template from ../shared/chat-templates.
+
+No model here was trained on these formats; what the tests check is what the
+engine guarantees by construction (grammar, parser, registry, round-trip).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TEMPLATES = SHARED / "chat-templates"
+FIRST_FREE_ID, LAST_FREE_ID = 3, 16   # SmolLM2's unused added tokens
+
+_CHATML_TOOLS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+_DEEPSEEK = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+             "<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+             "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+             "<｜tool▁outputs▁begin｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+_MISTRAL = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    template: str | None          # file in ../shared/chat-templates; None: the GGUF's own
+    markers: tuple[str, ...]      # texts given to ids 3, 4, ...
+    tool_format: str              # what detection must find
+    bos: str | None = None
+    eos: str = "<|im_end|>"
+    reasoning: bool = False
+    strips_reasoning: bool = False  # the template drops past reasoning (cache ratio only measured)
+    generation_prompt: str = "<|im_start|>assistant\n"
+
+
+FAMILIES = [
+    Family("smollm2", None, (), "text_envelope"),
+    Family("qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja", _CHATML_TOOLS, "hermes"),
+    Family("hermes3", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+           _CHATML_TOOLS + ("<|begin_of_text|>",), "hermes", bos="<|begin_of_text|>"),
+    Family("qwen3", "Qwen-Qwen3-0.6B.jinja", _CHATML_TOOLS + ("<think>", "</think>"), "hermes",
+           reasoning=True),
+    Family("qwen3-coder", "Qwen3-Coder.jinja", _CHATML_TOOLS, "qwen3_coder"),
+    Family("llama3.1", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+           ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+            "<|eom_id|>", "<|python_tag|>"), "llama3_json", bos="<|begin_of_text|>", eos="<|eot_id|>",
+           generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    Family("mistral-nemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja", _MISTRAL, "mistral_list",
+           bos="<s>", eos="</s>", generation_prompt=""),
+    Family("devstral", "unsloth-mistral-Devstral-Small-2507.jinja",
+           _MISTRAL + ("[ARGS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[CALL_ID]"), "mistral_args",
+           bos="<s>", eos="</s>", generation_prompt=""),
+    Family("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK, "deepseek_r1",
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think>\n</think>"),
+    Family("deepseek-v3.1", "deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK, "deepseek_v3",
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>"),
+]
+BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def template_text(family: Family) -> str:
+    return (TEMPLATES / family.template).read_text(encoding="utf-8")
+
+
+def build(family: Family, gguf_path: str, root: Path, weights: Path) -> str:
+    """The family's HF directory under ``root`` (weights shared by symlink)."""
+    d = root / family.name
+    if (d / "config.json").exists():
+        return str(d)
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    md = GGUFFile(gguf_path).metadata
+    d.mkdir(parents=True)
+    tokenizer = gguf_tokenizer_info(md)["tokenizer"]
+    (d / "tokenizer.json").write_text(_renamed(tokenizer.to_str(), family.markers), encoding="utf-8")
+    ids = {m: FIRST_FREE_ID + i for i, m in enumerate(family.markers)}
+    ids.update({"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2})
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": family.bos, "eos_token": family.eos, "add_bos_token": False,
+        "chat_template": template_text(family)}), encoding="utf-8")
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [ids[family.eos]]}))
+    (d / "config.json").write_text(json.dumps(hf_config(md, ids[family.eos])))
+    os.symlink(weights, d / "model.safetensors")
+    return str(d)
+
+
+def _renamed(tokenizer_json: str, markers: tuple[str, ...]) -> str:
+    if len(markers) > LAST_FREE_ID - FIRST_FREE_ID + 1:
+        raise ValueError("more markers than unused tokens")
+    spec = json.loads(tokenizer_json)
+    renames = {FIRST_FREE_ID + i: m for i, m in enumerate(markers)}
+    old = {}
+    for added in spec["added_tokens"]:
+        if added["id"] in renames:
+            old[added["content"]] = renames[added["id"]]
+            added["content"] = renames[added["id"]]
+    vocab = spec["model"]["vocab"]
+    spec["model"]["vocab"] = {old.get(k, k): v for k, v in vocab.items()}
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def hf_config(md: dict, eos_id: int) -> dict:
+    from guided.model.config import ModelConfig
+    c = ModelConfig.from_gguf(md)
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+            "max_position_embeddings": c.max_position_embeddings,
+            "tie_word_embeddings": c.tie_word_embeddings, "eos_token_id": eos_id}
+
+
+def save_weights(gguf_path: str, path: Path) -> Path:
+    """The GGUF's weights, dequantised, under their HF names."""
+    if path.exists():
+        return path
+    from guided.model.config import ModelConfig
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import hf_name, unpermute
+    gguf = GGUFFile(gguf_path)
+    c = ModelConfig.from_gguf(gguf.metadata)
+    tensors = {}
+    for info in gguf.tensors:
+        name = hf_name(info.name)
+        if name is None:
+            continue
+        w = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
+        if name.endswith("q_proj.weight"):
+            w = unpermute(w, c.num_heads)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute(w, c.num_kv_heads)
+        tensors["model." + name if name.startswith("layers.") or name in (
+            "embed_tokens.weight", "norm.weight") else name] = w.contiguous()
+    save_file(tensors, str(path))
+    return path
