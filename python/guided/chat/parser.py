@@ -63,6 +63,7 @@ class ChatParser:
         self.sent_reasoning = self.sent_content = 0  # characters already emitted
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
         self.call_ids: list[str] = []
+        self.done_calls: set[int] = set()
         self._id_prefix = uuid.uuid4().hex[:16]
         self.broken = False                          # the calls block did not parse
         self.finished = False
@@ -88,7 +89,8 @@ class ChatParser:
         """The whole message: the sum of every delta, streamed or not."""
         self.finish()
         calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                 for cid, (name, args) in zip(self.call_ids, self._calls)]
+                 for i, (cid, (name, args)) in enumerate(zip(self.call_ids, self._calls))
+                 if i in self.done_calls]  # a call cut by max_tokens is not a call
         return ChatResult(content="".join(self._content) or None,
                           reasoning_content="".join(self._reasoning) or None, tool_calls=calls)
 
@@ -215,6 +217,10 @@ class ChatParser:
                 self.sent_calls.append((True, 0))
                 out.append(ChatDelta(tool_calls=[{"index": i, "id": self.call_ids[i], "type": "function",
                                                   "function": {"name": call.name, "arguments": ""}}]))
+            if call.done:
+                self.done_calls.add(i)
+            elif self.tools.format.args_style != "json":
+                break  # XML arguments become JSON only once the call is whole
             sent = self.sent_calls[i][1]
             if len(call.args) > sent:
                 out.append(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.args[sent:]}}]))
@@ -346,8 +352,10 @@ class _Cursor:
             name, raw = self.text[self.pos + len("<parameter="):head], self.text[head + 2:tail]
             values[name] = _xml_typed(raw, props.get(name) or {})
             self.pos = tail + len("\n</parameter>\n")
-        if self.at_end():
-            return False
+        rest = self.text[self.pos:]
+        if len(rest) < len("</function>") and ("<parameter=".startswith(rest) or
+                                               "</function>".startswith(rest)):
+            return False   # cut before the next part: which one is not known yet
         call.args = json.dumps(values, ensure_ascii=False)
         return True
 

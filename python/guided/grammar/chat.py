@@ -142,10 +142,25 @@ def _args(g: GrammarBuilder, style: str, index: int, tool: Tool) -> Expr:
 
 
 def _xml_value(g: GrammarBuilder, name: str, schema: dict) -> Expr:
-    """A string parameter is raw text up to its closing tag; anything else is JSON."""
-    end = lit("\n</parameter>\n")
-    if schema.get("type") == "string" and "enum" not in schema:
-        return g.rule(name, regex(r"(?s:.*)"), suffix="\n</parameter>\n")
-    if schema.get("type") == "string":
-        return seq(alt(*(lit(str(v)) for v in schema["enum"])), end)
-    return seq(g.subgrammar(name, tool_args_entry(schema)), end)
+    """A string parameter is raw text up to its closing tag (its enum,
+    pattern and length kept); anything else is JSON."""
+    end = "\n</parameter>\n"
+    if schema.get("type") != "string":
+        return seq(g.subgrammar(name, tool_args_entry(schema)), lit(end))
+    if "enum" in schema:
+        return seq(alt(*(lit(str(v)) for v in schema["enum"])), lit(end))
+    if "pattern" not in schema and "minLength" not in schema and "maxLength" not in schema:
+        return g.rule(name, regex(r"(?s:.*)"), suffix=end)
+    lexeme = regex(_raw_pattern(schema.get("pattern")))
+    if "minLength" in schema or "maxLength" in schema:
+        lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+        lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
+    return seq(g.lexeme(lexeme), lit(end))
+
+
+def _raw_pattern(pattern: str | None) -> str:
+    """A JSON Schema pattern (a search) as a whole-string regex."""
+    if not pattern:
+        return r"(?s:.*)"
+    head = pattern[1:] if pattern.startswith("^") else r"(?s:.*)" + pattern
+    return head[:-1] if head.endswith("$") and not head.endswith("\\$") else head + r"(?s:.*)"
