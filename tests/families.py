@@ -40,6 +40,12 @@ class Family:
     eos: str = "<|im_end|>"
     reasoning: bool = False
     strips_reasoning: bool = False  # the template drops past reasoning (cache ratio only measured)
+    #: why the template itself renders a past turn unlike the prompt that
+    #: produced it (the cache ratio is then measured, not asserted)
+    rerenders_differently: str | None = None
+    #: the template writes the system prompt into the last user turn only, so
+    #: a conversation with one cannot keep its cache past that turn
+    moves_system_prompt: bool = False
     generation_prompt: str = "<|im_start|>assistant\n"
 
 
@@ -47,7 +53,9 @@ FAMILIES = [
     Family("smollm2", None, (), "text_envelope"),
     Family("qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja", _CHATML_TOOLS, "hermes"),
     Family("hermes3", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
-           _CHATML_TOOLS + ("<|begin_of_text|>",), "hermes", bos="<|begin_of_text|>"),
+           _CHATML_TOOLS + ("<|begin_of_text|>",), "hermes", bos="<|begin_of_text|>",
+           rerenders_differently="the last tool message is closed without the newline a middle "
+                                 "one gets"),
     Family("qwen3", "Qwen-Qwen3-0.6B.jinja", _CHATML_TOOLS + ("<think>", "</think>"), "hermes",
            reasoning=True),
     Family("qwen3-coder", "Qwen3-Coder.jinja", _CHATML_TOOLS, "qwen3_coder"),
@@ -56,16 +64,18 @@ FAMILIES = [
             "<|eom_id|>", "<|python_tag|>"), "llama3_json", bos="<|begin_of_text|>", eos="<|eot_id|>",
            generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n"),
     Family("mistral-nemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja", _MISTRAL, "mistral_list",
-           bos="<s>", eos="</s>", generation_prompt=""),
+           bos="<s>", eos="</s>", generation_prompt="", moves_system_prompt=True),
     Family("devstral", "unsloth-mistral-Devstral-Small-2507.jinja",
            _MISTRAL + ("[ARGS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[CALL_ID]"), "mistral_args",
            bos="<s>", eos="</s>", generation_prompt=""),
     Family("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK, "deepseek_r1",
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
-           strips_reasoning=True, generation_prompt="<｜Assistant｜><think>\n</think>"),
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think>\n</think>",
+           rerenders_differently="past turns lose the reasoning block of the generation prompt"),
     Family("deepseek-v3.1", "deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK, "deepseek_v3",
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
-           strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>"),
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>",
+           rerenders_differently="past turns lose the reasoning block of the generation prompt"),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}
 

@@ -31,6 +31,19 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 names = [f.name for f in FAMILIES]
 
 
+@pytest.fixture(scope="module", params=names)
+def family(request):
+    """Module-scoped, so pytest runs every test of one family together and
+    loads each family's model once."""
+    return request.param
+
+
+def reasoning_only(family):
+    from families import BY_NAME
+    if not BY_NAME[family].reasoning:
+        pytest.skip(f"{family}'s template and tokenizer have no reasoning block")
+
+
 def assert_valid_calls(calls, allowed=None):
     for call in calls:
         name = call["function"]["name"]
@@ -43,7 +56,6 @@ def sampled(n: int, max_tokens: int = 96) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=s) for s in range(n)]
 
 
-@pytest.mark.parametrize("family", names)
 def test_detected_format(family, family_llm):
     from families import BY_NAME
     llm = family_llm(family)
@@ -54,7 +66,6 @@ def test_detected_format(family, family_llm):
     assert chat.special.id_of_text(eos) in llm.engine.special.end_ids
 
 
-@pytest.mark.parametrize("family", names)
 def test_required_gives_valid_calls_at_temperature_one(family, family_llm):
     llm = family_llm(family)
     replies = llm.chat_batch([ASK] * 20, sampled(20), tools=TOOLS, tool_choice="required")
@@ -66,7 +77,6 @@ def test_required_gives_valid_calls_at_temperature_one(family, family_llm):
         assert_valid_calls(r.tool_calls)
 
 
-@pytest.mark.parametrize("family", names)
 def test_named_choice_gives_that_tool_once(family, family_llm):
     llm = family_llm(family)
     choice = {"type": "function", "function": {"name": "search_flights"}}
@@ -76,7 +86,6 @@ def test_named_choice_gives_that_tool_once(family, family_llm):
         assert_valid_calls(r.tool_calls, {"search_flights"})
 
 
-@pytest.mark.parametrize("family", names)
 def test_auto_gives_valid_calls_or_text(family, family_llm):
     llm = family_llm(family)
     replies = llm.chat_batch([ASK] * 8, sampled(8, 64), tools=TOOLS, tool_choice="auto")
@@ -90,7 +99,6 @@ def test_auto_gives_valid_calls_or_text(family, family_llm):
             assert llm.engine.special.text(ctl) not in (r.content or "")
 
 
-@pytest.mark.parametrize("family", names)
 def test_parallel_false_gives_at_most_one_call(family, family_llm):
     llm = family_llm(family)
     replies = llm.chat_batch([ASK] * 6, sampled(6, 160), tools=TOOLS, tool_choice="required",
@@ -99,8 +107,8 @@ def test_parallel_false_gives_at_most_one_call(family, family_llm):
         assert len(r.tool_calls) == 1
 
 
-@pytest.mark.parametrize("family", [f.name for f in FAMILIES if f.reasoning])
 def test_json_schema_answer_after_reasoning(family, family_llm):
+    reasoning_only(family)
     llm = family_llm(family)
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                                "sunny": {"type": "boolean"}},
@@ -113,8 +121,8 @@ def test_json_schema_answer_after_reasoning(family, family_llm):
         assert r.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("family", [f.name for f in FAMILIES if f.reasoning])
 def test_reasoning_none_and_budget(family, family_llm):
+    reasoning_only(family)
     llm = family_llm(family)
     start = llm.chat_format.special.id("reasoning_start")
     off = llm.chat_batch([ASK] * 4, sampled(4, 40), reasoning_effort="none")
@@ -140,7 +148,6 @@ def reassemble(deltas) -> tuple:
     return content or None, reasoning or None, [calls[i] for i in sorted(calls)]
 
 
-@pytest.mark.parametrize("family", names)
 def test_streaming_agrees_with_whole(family, family_llm):
     """The same tokens parsed one at a time (the finest a stream can be) and
     as the engine delivered them give the same message, with no control

@@ -57,8 +57,9 @@ class LLM:
                  chat_template: str | None = None):
         """``chat_template``: a Jinja template (text or a file path) used
         instead of the model's own, as ``--chat-template`` in other servers."""
+        given = _template_text(chat_template) if chat_template else None   # checked before the load
         self.loaded = load_model(model, device=device, dtype=dtype)
-        template = _template_text(chat_template) if chat_template else self.loaded.chat_template
+        template = given or self.loaded.chat_template
         special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
                                          self.loaded.bos_token)
         self.chat_format: ChatFormat | None = None

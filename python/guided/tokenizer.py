@@ -1,9 +1,6 @@
-"""The HF `tokenizers` wrapper: special-token registry and incremental detokenizer.
-
-The registry is the one place that knows which added tokens end a message,
-open a reasoning block or mark a tool call (DESIGN.md rules 1 and 2). Every
-other layer asks it instead of matching token text itself.
-"""
+"""The HF `tokenizers` wrapper: text that never becomes control tokens, the
+bytes llguidance sees per token, and the incremental detokenizer. What each
+added token is for is the registry's business (special_tokens.py)."""
 from __future__ import annotations
 
 import json

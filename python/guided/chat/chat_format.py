@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
-from .prompt import ControlEscaper, strings_in, tokenize_rendered
+from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
 from .tool_formats import TEXT_ENVELOPE, DetectedFormat, detect
 
@@ -57,6 +57,7 @@ class ChatFormat:
         self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
         self.tools: DetectedFormat = detect(self._render_probe, self.special)
         self.reasoning = self._reasoning_layout() if self.special.reasoning_ids else None
+        self.memo = CompletionMemo()
 
     # -- rendering -----------------------------------------------------
 
@@ -78,9 +79,13 @@ class ChatFormat:
             raise TemplateError("the chat template's generation prompt is not a suffix of the "
                                 "conversation it renders; cannot tell where the answer starts")
         generation_prompt = with_prompt[len(without):]
-        ids = tokenize_rendered(with_prompt, self.special, self.tokenizer, escaper)
+        ids = tokenize_rendered(with_prompt, self.special, self.tokenizer, escaper, self.memo)
         return EncodedChat(ids, escaper.unescape(with_prompt), escaper.unescape(generation_prompt),
                            self._reasoning_state(generation_prompt))
+
+    def remember(self, completion_ids: list[int]) -> None:
+        """Record an answer's tokens, for when it comes back in a later prompt."""
+        self.memo.remember(completion_ids, self.special, self.tokenizer)
 
     def _reasoning_state(self, generation_prompt: str) -> str | None:
         if self.reasoning is None:

@@ -14,6 +14,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
@@ -49,7 +50,8 @@ class ChatResult:
 class ChatParser:
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
                  tools: DetectedFormat | None, tool_schemas: dict[str, dict] | None,
-                 reasoning: tuple[str, str, str] | None, reasoning_state: str | None):
+                 reasoning: tuple[str, str, str] | None, reasoning_state: str | None,
+                 on_finish: Callable[[list[int]], None] | None = None):
         self.special, self.tok = special, tokenizer
         self.tools = tools if tool_schemas else None
         self.schemas = tool_schemas or {}
@@ -67,6 +69,8 @@ class ChatParser:
         self._id_prefix = uuid.uuid4().hex[:16]
         self.broken = False                          # the calls block did not parse
         self.finished = False
+        self.ids: list[int] = []                     # every token pushed
+        self.on_finish = on_finish
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[tuple[str, str]] = []      # (name, arguments) as streamed
@@ -74,6 +78,7 @@ class ChatParser:
     # -- tokens in ------------------------------------------------------
 
     def push(self, token_ids: list[int]) -> list[ChatDelta]:
+        self.ids += token_ids
         for t in token_ids:
             self._route(t)
         return self._record(self._deltas(final=False))
@@ -83,6 +88,8 @@ class ChatParser:
         if self.finished:
             return []
         self.finished = True
+        if self.on_finish is not None:
+            self.on_finish(self.ids)
         return self._record(self._deltas(final=True))
 
     def result(self) -> ChatResult:
@@ -209,8 +216,9 @@ class ChatParser:
 
     def _call_deltas(self, calls: list[ParsedCall]) -> list[ChatDelta]:
         out = []
+        needs_id = self.tools is not None and CALL_ID in self.tools.format.call
         for i, call in enumerate(calls):
-            if call.name is None:
+            if call.name is None or (needs_id and call.call_id is None):
                 break
             if i == len(self.sent_calls):
                 self.call_ids.append(call.call_id or f"call_{self._id_prefix}{i}")

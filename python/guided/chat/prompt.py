@@ -11,6 +11,8 @@ characters, so a client's `<|im_end|>` stays the characters `<`, `|`, ...
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,20 +72,76 @@ def strings_in(value: Any) -> list[str]:
     return []
 
 
+class CompletionMemo:
+    """The tokens the model wrote for each run of text between control tokens
+    in its recent answers (rule 6).
+
+    A model under a grammar, or simply sampling, may write a text in tokens
+    other than the tokenizer's own split of it, and the generation prompt's
+    last characters may merge with the answer's first when the whole is
+    tokenized again. Either would make the next turn's prompt leave the
+    prefix cache where the answer starts. When a client sends an answer
+    back, its text runs are tokenized as the model wrote them: the same text,
+    the same tokens, the cache hit up to the new turn.
+    """
+
+    _KEY_TAIL = 16
+
+    def __init__(self, capacity: int = 4096):
+        self.capacity = capacity
+        self._runs: OrderedDict[str, list[int]] = OrderedDict()
+        self._by_tail: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, ids: list[int], special: SpecialTokens, tokenizer: TokenizerWrapper) -> None:
+        run: list[int] = []
+        for t in [*ids, None]:
+            if t is not None and t not in special.control_ids:
+                run.append(t)
+                continue
+            if run:
+                text = tokenizer.decode(run, skip_special_tokens=False)
+                if "\ufffd" not in text:
+                    self._put(text, run)
+            run = []
+
+    def _put(self, text: str, ids: list[int]) -> None:
+        with self._lock:
+            self._runs[text] = list(ids)
+            self._runs.move_to_end(text)
+            self._by_tail.setdefault(text[-self._KEY_TAIL:], set()).add(text)
+            while len(self._runs) > self.capacity:
+                old, _ = self._runs.popitem(last=False)
+                self._by_tail.get(old[-self._KEY_TAIL:], set()).discard(old)
+
+    def encode(self, piece: str, tokenizer: TokenizerWrapper) -> list[int]:
+        """``piece`` as tokens: a remembered run at its end keeps its tokens."""
+        with self._lock:
+            best = ""
+            for k in range(1, min(self._KEY_TAIL, len(piece)) + 1):
+                for key in self._by_tail.get(piece[-k:], ()):
+                    if len(key) > len(best) and piece.endswith(key):
+                        best = key
+            ids = list(self._runs[best]) if best else []
+        head = piece[:len(piece) - len(best)]
+        return (tokenizer.encode_text(head) if head else []) + ids
+
+
 def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWrapper,
-                      escaper: ControlEscaper) -> list[int]:
+                      escaper: ControlEscaper, memo: CompletionMemo | None = None) -> list[int]:
     """Token ids of a rendered prompt: added-token texts (the template's) as
     their ids, everything between as plain text with the client's characters
-    restored."""
+    restored (and the model's own tokens for text it wrote, from ``memo``)."""
     ids: list[int] = []
     by_text = {t: i for i, t in sorted(special.texts.items(), reverse=True)}
     pattern = re.compile("|".join(map(re.escape, sorted(by_text, key=len, reverse=True))))
+    encode = (lambda s: memo.encode(s, tokenizer)) if memo else tokenizer.encode_text
     pos = 0
     for m in pattern.finditer(text):
         if m.start() > pos:
-            ids += tokenizer.encode_text(escaper.unescape(text[pos:m.start()]))
+            ids += encode(escaper.unescape(text[pos:m.start()]))
         ids.append(by_text[m.group(0)])
         pos = m.end()
     if pos < len(text):
-        ids += tokenizer.encode_text(escaper.unescape(text[pos:]))
+        ids += encode(escaper.unescape(text[pos:]))
     return ids

@@ -76,7 +76,7 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
                     lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
-                                       encoded.reasoning_state))
+                                       encoded.reasoning_state, on_finish=chat.remember))
 
 
 # -- checks ------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Bad chat input fails at the boundary with a ValueError naming the field,
+and the engine keeps serving."""
+from __future__ import annotations
+
+import pytest
+
+from guided import LLM, SamplingParams
+from test_chat_tools import ASK, TOOLS
+
+
+@pytest.fixture(scope="module")
+def strict_llm(tmp_path_factory):
+    """The default model with a template (given as a file) that refuses any
+    conversation without a system message, as some real templates do."""
+    path = tmp_path_factory.mktemp("template") / "strict.jinja"
+    path.write_text("{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system message "
+                    "is required') }}{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return LLM(chat_template=str(path), max_num_seqs=8, kv_cache_tokens=4096)
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strnig"}}}]},
+     r"tools\[0\].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, r"tools\[0\].function.name"),
+    ({"tools": TOOLS + TOOLS[:1]}, r"tools\[2\].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "minProperties": "x"}}}},
+     "response_format.json_schema.schema"),
+    ({"chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+])
+def test_bad_options_name_the_field(llm, options, field):
+    with pytest.raises(ValueError, match=field):
+        llm.chat(ASK, SamplingParams(max_tokens=8), **options)
+    assert llm.chat(ASK, SamplingParams(max_tokens=8)).finish_reason in ("stop", "length")
+
+
+def test_bad_messages_name_the_field(llm):
+    with pytest.raises(ValueError, match="messages"):
+        llm.chat([], SamplingParams(max_tokens=8))
+    with pytest.raises(ValueError, match=r"messages\[0\]"):
+        llm.chat([{"content": "no role"}], SamplingParams(max_tokens=8))
+    bad_call = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]
+    with pytest.raises(ValueError, match=r"messages\[1\].tool_calls\[0\].function.arguments"):
+        llm.chat(bad_call, SamplingParams(max_tokens=8))
+
+
+def test_template_that_raises_is_a_clear_error_and_the_engine_serves_on(strict_llm):
+    with pytest.raises(ValueError, match="a system message is required"):
+        strict_llm.chat(ASK, SamplingParams(max_tokens=8))
+    ok = strict_llm.chat([{"role": "system", "content": "Be brief."}, *ASK], SamplingParams(max_tokens=8))
+    assert ok.finish_reason in ("stop", "length") and ok.output.token_ids
+    assert strict_llm.engine.stats()["num_running"] == 0
+
+
+def test_chat_template_given_as_text_overrides(default_gguf):
+    with pytest.raises(ValueError, match="chat_template"):
+        LLM(default_gguf, chat_template="/no/such/template.jinja", kv_cache_tokens=1024)
