@@ -101,12 +101,11 @@ def _check_tools(tools, compile_check) -> list[dict]:
             raise ValueError(f"{where}.function.name {name!r} is given twice")
         seen.add(name)
         schema = fn.get("parameters") or {"type": "object", "properties": {}}
-        try:
-            if not isinstance(schema, dict) or schema.get("type", "object") != "object":
-                raise ValueError("must be a JSON Schema of type 'object'")
-            compile_check(json.dumps({"grammars": [tool_args_entry(schema)]}))
-        except ValueError as exc:
-            raise ValueError(f"{where}.function.parameters is not a usable JSON Schema: {exc}") from None
+        if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+            raise ValueError(f"{where}.function.parameters must be a JSON Schema of type 'object'")
+        entry = schema_entry(tool_args_entry, schema, f"{where}.function.parameters")
+        schema_entry(lambda e: compile_check(json.dumps({"grammars": [e]})), entry,
+                     f"{where}.function.parameters")
         out.append({"name": name, "schema": schema, "raw": {"type": "function", "function": fn}})
     return out
 
@@ -139,10 +138,16 @@ def _check_response_format(rf) -> dict | None:
     spec = rf.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise ValueError("response_format.json_schema must be an object with a 'schema'")
+    return schema_entry(json_schema_grammar, spec.get("schema", {}), "response_format.json_schema.schema")
+
+
+def schema_entry(build: Callable[[Any], dict], schema: Any, where: str) -> dict:
+    """``build(schema)``, with any failure a ValueError naming ``where``: a
+    malformed schema (``"minimum": "x"``) must fail its request, not the caller."""
     try:
-        return json_schema_grammar(spec.get("schema", {}))
-    except ValueError as exc:
-        raise ValueError(f"response_format.json_schema.schema: {exc}") from None
+        return build(schema)
+    except Exception as exc:  # noqa: BLE001 - the sanitiser walks untrusted input
+        raise ValueError(f"{where} is not a usable JSON Schema: {exc}") from None
 
 
 def _check_effort(effort, chat: ChatFormat) -> str | None:
