@@ -95,7 +95,11 @@ def test_stop_string_in_stream(client):
 
 @pytest.mark.parametrize("kwargs, needle", [
     ({"temperature": 5}, "temperature"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "minProperties": "x"}}}}, "response_format"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"messages": []}, "messages"),
 ])
 def test_bad_requests_are_400_and_server_survives(client, kwargs, needle):
@@ -132,3 +136,58 @@ def test_disconnect_frees_blocks_and_metrics(server, client):
 def test_api_key_required(server):
     assert _get(server + "/v1/models")[0] == 401
     assert _get(server + "/v1/models", API_KEY)[0] == 200
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tool_calls_whole_and_streamed(client):
+    import json
+
+    import jsonschema
+    full = client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
+                                          tool_choice="required", max_tokens=64, temperature=0)
+    choice = full.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    name, args, reasons = None, "", []
+    for chunk in client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
+                                                tool_choice="required", max_tokens=64, temperature=0,
+                                                stream=True):
+        if not chunk.choices:
+            continue
+        for d in chunk.choices[0].delta.tool_calls or []:
+            name = d.function.name or name
+            args += d.function.arguments or ""
+        if chunk.choices[0].finish_reason:
+            reasons.append(chunk.choices[0].finish_reason)
+    assert (name, args, reasons) == ("get_weather", call.function.arguments, ["tool_calls"])
+    # the call and its result, sent back: the next prompt hits the prefix cache
+    turn2 = ASK + [choice.message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+    second = client.chat.completions.create(model=_model(client), messages=turn2, tools=[WEATHER],
+                                            max_tokens=8, temperature=0)
+    previous = full.usage.prompt_tokens + full.usage.completion_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens >= 0.9 * previous
+
+
+def test_response_format_json_schema(client):
+    import json
+
+    import jsonschema
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    out = client.chat.completions.create(
+        model=_model(client), messages=ASK, max_tokens=80, temperature=1.0, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema,
+                                                                "strict": True}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)

@@ -239,11 +239,22 @@ def test_special_tokens_by_id_in_lark(llm, fast_forward):
     start = llm.loaded.tokenizer.token_to_id("<|im_start|>")
     for grammar, last in ((f'start: "ok" <[{start}]>', start), (f'start: "ok" <[{end}]>', end)):
         out = llm.generate([PROMPT], SamplingParams(
-            max_tokens=10, fast_forward=fast_forward, structured_outputs={"grammar": grammar}))[0]
+            max_tokens=10, fast_forward=fast_forward,
+            structured_outputs={"grammar": grammar, "allow_special_tokens": True}))[0]
         assert out.text == "ok" and out.finish_reason == "stop", (grammar, out)
         # A grammar completed by forced tokens then takes one end token.
         i = out.token_ids.index(last)
         assert all(t in llm.engine.special.end_ids for t in out.token_ids[i + 1:]), out.token_ids
+
+
+def test_special_tokens_in_client_grammars_need_permission():
+    from guided.grammar import special_token_refs
+    assert special_token_refs('start: "a<b>" /<x>/ <[2]> x // <[3]>\nx: <|im_end|> # <c>') == \
+        ["<[2]>", "<|im_end|>"]
+    from guided.grammar import compose
+    with pytest.raises(ValueError, match="allow_special_tokens"):
+        compose({"grammar": 'start: "ok" <[2]>'})
+    assert compose({"grammar": 'start: "ok" <[2]>', "allow_special_tokens": True})
 
 
 def test_mixed_batch_matches_alone(llm):

@@ -11,15 +11,19 @@ llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
   matches.
 - ``"choice"``: a non-empty list of strings; the output is exactly one.
 - ``"grammar"``: an llguidance Lark grammar (``%json``, lexeme attributes
-  such as ``[max_tokens=...]``, special tokens as ``<[123]>`` or by name).
+  such as ``[max_tokens=...]``). Special tokens (``<[123]>`` or by name)
+  only with ``"allow_special_tokens": True`` beside it (DESIGN rule 7: a
+  client grammar must not make the model write control tokens unless the
+  operator allows it).
 """
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar")
-OPTION_KEYS = ("whitespace",)
+OPTION_KEYS = ("whitespace", "allow_special_tokens")
 
 
 def check_structured_outputs(so: Any) -> None:
@@ -37,6 +41,8 @@ def check_structured_outputs(so: Any) -> None:
                          f"got {given or 'none'}")
     if "whitespace" in so and given != ["json"]:
         raise ValueError("structured_outputs: 'whitespace' applies only to 'json'")
+    if not isinstance(so.get("allow_special_tokens", False), bool):
+        raise ValueError("structured_outputs: 'allow_special_tokens' must be a boolean")
 
 
 def compose(so: dict) -> str:
@@ -56,6 +62,10 @@ def compose(so: dict) -> str:
     else:
         if not isinstance(value, str) or not value.strip():
             raise ValueError("structured_outputs['grammar'] must be a non-empty Lark grammar string")
+        named = special_token_refs(value)
+        if named and not so.get("allow_special_tokens", False):
+            raise ValueError(f"structured_outputs['grammar'] names special tokens ({', '.join(named[:3])}); "
+                             "they are allowed only with 'allow_special_tokens': True")
         entry = _lark(value)
     return json.dumps({"grammars": [entry]})
 
@@ -96,3 +106,13 @@ def choice_rule(choices: Any) -> str:
     if not all(isinstance(c, str) and c for c in choices):
         raise ValueError("structured_outputs['choice'] must hold non-empty strings")
     return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+_LARK_SKIP = re.compile(r'"(?:[^"\\\n]|\\.)*"|/(?:[^/\\\n]|\\.)+/|//[^\n]*|#[^\n]*')
+_SPECIAL_REF = re.compile(r"<[^<>\s]+>")
+
+
+def special_token_refs(lark: str) -> list[str]:
+    """The special-token references (``<[12]>``, ``<|im_end|>``) in a Lark
+    grammar, outside strings, regexes and comments."""
+    return _SPECIAL_REF.findall(_LARK_SKIP.sub(" ", lark))

@@ -27,6 +27,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
                     help="require 'Authorization: Bearer KEY' on /v1 (env GUIDED_API_KEY)")
+    ap.add_argument("--chat-template", default=None,
+                    help="a Jinja chat template (file or text) used instead of the model's own")
+    ap.add_argument("--enable-tool-grammar", action="store_true",
+                    help="enforce the tool-call grammar for tool_choice='auto' too (text or valid "
+                         "calls); 'required' and named tools are always enforced")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
@@ -38,9 +43,10 @@ def main(argv=None) -> None:
     from .app import create_app
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len)
+              kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
+              chat_template=args.chat_template)
     name = args.served_model_name or Path(llm.loaded.path).stem
-    app = create_app(llm, name, api_key=args.api_key)
+    app = create_app(llm, name, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar)
     logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", name,
                                            args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -2,9 +2,11 @@
 /v1/models, /health and /metrics."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -12,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 
-from ..chat.template import TemplateError, render_chat
+from ..chat.parser import ChatDelta
 from ..engine import StepUpdate
 from ..llm import LLM
 from .async_engine import AsyncEngine
@@ -26,7 +28,11 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
         "error": {"message": message, "type": kind, "param": param, "code": None}})
 
 
-def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(llm: LLM, model_name: str, api_key: str | None = None,
+               enable_tool_grammar: bool = False) -> FastAPI:
+    """``enable_tool_grammar``: enforce the tool-call grammar for
+    tool_choice="auto" too (DESIGN rule 8); "required" and a named tool are
+    always enforced."""
     app = FastAPI(title="guided")
     engine = AsyncEngine(llm.engine)
     metrics = Metrics(lambda: engine.stats)
@@ -71,16 +77,17 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
                                             "created": 0, "owned_by": "guided",
                                             "max_model_len": max_model_len}]}
 
-    async def start(prompt_ids: list[int], params) -> tuple[AsyncIterator[StepUpdate], StepUpdate]:
+    async def start(prompt_ids: list[int], params, grammar=None
+                    ) -> tuple[AsyncIterator[StepUpdate], StepUpdate]:
         """Submit, and wait for the first update so refusals become a 400."""
-        stream = engine.generate(prompt_ids, params)
+        stream = engine.generate(prompt_ids, params, grammar)
         first = await stream.__anext__()
         return stream, first
 
-    async def run(endpoint: str, prompt_ids, params, stream_body, full_body):
+    async def run(endpoint: str, prompt_ids, params, stream_body, full_body, grammar=None):
         began = time.perf_counter()
         try:
-            stream, first = await start(prompt_ids, params)
+            stream, first = await start(prompt_ids, params, grammar)
         except ValueError as exc:
             return error_response(400, str(exc))
         metrics.ttft.observe(time.perf_counter() - began)
@@ -143,48 +150,65 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None) -> FastAPI
     async def chat_completions(body: ChatCompletionRequest):
         body.check()
         messages = [m.as_template_input() for m in body.messages]
-        try:
-            text = render_chat(llm.loaded.chat_template, messages,
-                               bos_token=llm.loaded.bos_token, eos_token=llm.loaded.eos_token,
-                               **(body.chat_template_kwargs or {}))
-        except TemplateError as exc:
+        try:  # templates and grammar checks are CPU work: off the event loop
+            plan = await asyncio.to_thread(llm.prepare_chat, messages, None,
+                                           tool_grammar=enable_tool_grammar, **body.chat_options())
+        except ValueError as exc:
             return error_response(400, str(exc), param="messages")
-        ids = tokenizer.encode(text)
+        ids = plan.prompt_ids
         params = body.sampling_params(default_max_tokens=max(1, max_model_len - len(ids)))
+        plan = replace(plan, params=params)
+        parser = plan.parser()
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": model_name}
 
+        def reason(out) -> str:
+            return "tool_calls" if out.finish_reason == "stop" and parser.call_ids else out.finish_reason
+
         def full(out):
-            message = {"role": "assistant", "content": out.text}
+            parser.push(out.token_ids)
+            result = parser.result()
+            message = {"role": "assistant", "content": result.content}
+            if result.reasoning_content is not None:
+                message["reasoning_content"] = result.reasoning_content
+            if result.tool_calls:
+                message["tool_calls"] = result.tool_calls
             return {**head, "object": "chat.completion",
                     "choices": [{"index": 0, "message": message, "logprobs": None,
-                                 "finish_reason": out.finish_reason}],
-                    "usage": usage(len(ids), len(out.token_ids))}
+                                 "finish_reason": reason(out)}],
+                    "usage": usage(len(ids), len(out.token_ids), out.num_cached_tokens)}
+
+        def delta_chunk(chunk: dict, d: ChatDelta) -> dict:
+            delta = {k: v for k, v in (("content", d.content), ("reasoning_content", d.reasoning_content),
+                                       ("tool_calls", d.tool_calls)) if v}
+            return {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
         async def chunks(updates, finished):
             chunk = {**head, "object": "chat.completion.chunk"}
             yield {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]}
             async for u in updates:
-                if u.text:
-                    yield {**chunk, "choices": [{"index": 0, "delta": {"content": u.text},
-                                                 "finish_reason": None}]}
+                deltas = parser.push(u.token_ids) + (parser.finish() if u.finished else [])
+                for d in deltas:
+                    yield delta_chunk(chunk, d)
                 if u.finished:
                     finished(u)
                     yield {**chunk, "choices": [{"index": 0, "delta": {},
-                                                 "finish_reason": u.finished.finish_reason}]}
+                                                 "finish_reason": reason(u.finished)}]}
                     if body.include_usage:
+                        out = u.finished
                         yield {**chunk, "choices": [],
-                               "usage": usage(len(ids), len(u.finished.token_ids))}
+                               "usage": usage(len(ids), len(out.token_ids), out.num_cached_tokens)}
 
-        return await run("chat", ids, params, chunks if body.stream else None, full)
+        return await run("chat", ids, params, chunks if body.stream else None, full, plan.grammar)
 
     return app
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:

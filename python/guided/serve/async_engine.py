@@ -24,6 +24,7 @@ log = logging.getLogger("guided.serve")
 class _Submission:
     prompt_ids: list[int]
     params: SamplingParams
+    grammar: str | None
     loop: asyncio.AbstractEventLoop
     updates: asyncio.Queue
     accepted: asyncio.Future
@@ -40,11 +41,12 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="guided-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams
-                       ) -> AsyncIterator[StepUpdate]:
-        """Stream one request's updates; raises ValueError if it is refused."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       grammar: str | None = None) -> AsyncIterator[StepUpdate]:
+        """Stream one request's updates; raises ValueError if it is refused.
+        ``grammar``: a composed grammar (the chat layer's), see Engine.add_request."""
         loop = asyncio.get_running_loop()
-        sub = _Submission(prompt_ids, params, loop, asyncio.Queue(), loop.create_future())
+        sub = _Submission(prompt_ids, params, grammar, loop, asyncio.Queue(), loop.create_future())
         self._post(sub)
         rid = await sub.accepted
         finished = False
@@ -102,7 +104,7 @@ class AsyncEngine:
 
     def _admit(self, sub: _Submission) -> None:
         try:
-            rid = self.engine.add_request(sub.prompt_ids, sub.params)
+            rid = self.engine.add_request(sub.prompt_ids, sub.params, grammar=sub.grammar)
         except ValueError as exc:
             sub.loop.call_soon_threadsafe(self._settle, sub.accepted, None, exc)
             return

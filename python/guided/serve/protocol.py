@@ -98,14 +98,20 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def chat_options(self) -> dict[str, Any]:
+        """The fields the chat layer checks and plans (LLM.prepare_chat)."""
+        return {"tools": self.tools, "tool_choice": self.tool_choice or "auto",
+                "parallel_tool_calls": self.parallel_tool_calls,
+                "response_format": self.response_format, "reasoning_effort": self.reasoning_effort,
+                "chat_template_kwargs": self.chat_template_kwargs}
+
     def check(self) -> None:
-        if self.tools:
-            raise Unsupported("tools: tool calling is not supported yet")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise Unsupported("response_format: only {'type': 'text'} is supported yet")
+        pass
