@@ -152,7 +152,8 @@ def test_tool_calls_whole_and_streamed(client):
 
     import jsonschema
     full = client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
-                                          tool_choice="required", max_tokens=64, temperature=0)
+                                          tool_choice="required", max_tokens=64, temperature=0,
+                                          parallel_tool_calls=False)
     choice = full.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -161,7 +162,7 @@ def test_tool_calls_whole_and_streamed(client):
     name, args, reasons = None, "", []
     for chunk in client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
                                                 tool_choice="required", max_tokens=64, temperature=0,
-                                                stream=True):
+                                                parallel_tool_calls=False, stream=True):
         if not chunk.choices:
             continue
         for d in chunk.choices[0].delta.tool_calls or []:

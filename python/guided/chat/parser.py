@@ -161,13 +161,15 @@ class ChatParser:
 
     # -- text out -------------------------------------------------------
 
-    def region_text(self) -> str:
+    def region_text(self, controls: bool = True) -> str:
+        """The calls block as text; control tokens as their text (for parsing
+        against the format) or left out (for showing a broken block)."""
         out, run = [self.region_prefix], []
         for t in self.region:
             if t in self.special.control_ids:
                 out.append(self.tok.decode(run) if run else "")
                 run = []
-                if t not in self.special.end_ids:
+                if controls and t not in self.special.end_ids:
                     out.append(self.special.text(t))
             else:
                 run.append(t)
@@ -188,7 +190,7 @@ class ChatParser:
             sep = self.tools.content_sep or ""
             return text[:-len(sep)] if sep and text.endswith(sep) else text
         if final:
-            return text + (self.region_text() if self.broken or self.mode == "calls" else "")
+            return text + (self.region_text(controls=False) if self.broken or self.mode == "calls" else "")
         # hold back what could still be a separator or the start of a text trigger
         held = len(text) - len(text.rstrip("\n"))
         trigger = self._text_trigger()
