@@ -85,6 +85,7 @@ pub fn mask_words(vocab_size: usize) -> usize {
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
     vocab_size: usize,
+    byte_tokens: Arc<ByteTokens>,
     cache: Mutex<Lru>,
 }
 
@@ -153,6 +154,7 @@ impl GrammarCompiler {
         }
         let mut words = token_bytes;
         words.resize(vocab_size, Vec::new());
+        let byte_tokens = Arc::new(byte_tokens(&words, end_token_ids));
         let factory = guard(|| {
             let info = TokRxInfo::new(vocab_size as u32, end_token_ids[0]);
             let trie = TokTrie::from(&info, &words).with_eos_tokens(end_token_ids);
@@ -171,7 +173,7 @@ impl GrammarCompiler {
             hits: 0,
             misses: 0,
         };
-        Ok(GrammarCompiler { factory: Arc::new(factory), vocab_size, cache: Mutex::new(cache) })
+        Ok(GrammarCompiler { factory: Arc::new(factory), vocab_size, byte_tokens, cache: Mutex::new(cache) })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -204,7 +206,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size })
+        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size, byte_tokens: self.byte_tokens.clone() })
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -222,12 +224,13 @@ impl GrammarCompiler {
 pub struct Grammar {
     proto: Arc<Mutex<Matcher>>,
     vocab_size: usize,
+    byte_tokens: Arc<ByteTokens>,
 }
 
 impl Grammar {
     pub fn matcher(&self) -> GrammarMatcher {
         let m = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        GrammarMatcher { m, vocab_size: self.vocab_size, error: None }
+        GrammarMatcher { m, vocab_size: self.vocab_size, error: None, byte_tokens: self.byte_tokens.clone() }
     }
 }
 
@@ -238,6 +241,23 @@ pub struct GrammarMatcher {
     m: Matcher,
     vocab_size: usize,
     error: Option<String>,
+    byte_tokens: Arc<ByteTokens>,
+}
+
+/// The token of each single byte, where the vocabulary has one (end
+/// tokens excluded).
+pub type ByteTokens = [Option<u32>; 256];
+
+fn byte_tokens(words: &[Vec<u8>], end_token_ids: &[u32]) -> ByteTokens {
+    let mut out = [None; 256];
+    for (i, w) in words.iter().enumerate() {
+        if let [b] = w[..] {
+            if out[b as usize].is_none() && !end_token_ids.contains(&(i as u32)) {
+                out[b as usize] = Some(i as u32);
+            }
+        }
+    }
+    out
 }
 
 impl std::fmt::Debug for GrammarMatcher {
@@ -357,6 +377,55 @@ impl GrammarMatcher {
     pub fn rollback(&mut self, n: usize) -> Result<(), String> {
         let m = &mut self.m;
         guard(|| wrap(m.rollback(n))).map_err(|e| self.fail(e))
+    }
+
+    /// Bytes the grammar forces next (any tokenization of them is accepted).
+    pub fn forced_bytes(&mut self) -> Vec<u8> {
+        if self.error.is_some() {
+            return Vec::new();
+        }
+        let m = &mut self.m;
+        guard(|| Ok(m.compute_ff_bytes())).unwrap_or_default()
+    }
+
+    /// The bytes of `tokens` (special tokens as 0xff and their name).
+    pub fn bytes_of(&self, tokens: &[u32]) -> Vec<u8> {
+        self.m.tok_env().map(|env| env.tok_trie().decode_raw(tokens)).unwrap_or_default()
+    }
+
+    /// The single-byte tokens of the vocabulary.
+    pub fn byte_tokens(&self) -> &ByteTokens {
+        &self.byte_tokens
+    }
+
+    /// `bytes` in as few (non-special) tokens as the vocabulary allows.
+    pub fn fewest_tokens(&self, bytes: &[u8]) -> Option<Vec<u32>> {
+        let env = self.m.tok_env().ok()?;
+        let trie = env.tok_trie();
+        // best[i]: the fewest tokens for bytes[..i], and the last of them.
+        let mut best: Vec<Option<(usize, u32)>> = vec![None; bytes.len() + 1];
+        best[0] = Some((0, 0));
+        for i in 0..bytes.len() {
+            let Some((n, _)) = best[i] else { continue };
+            for t in trie.all_prefixes(&bytes[i..]) {
+                let j = i + trie.token_len(t);
+                if trie.is_special_token(t) || j == i || j > bytes.len() {
+                    continue;
+                }
+                if best[j].is_none_or(|(m, _)| n + 1 < m) {
+                    best[j] = Some((n + 1, t));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut i = bytes.len();
+        while i > 0 {
+            let (_, t) = best[i]?;
+            out.push(t);
+            i -= trie.token_len(t);
+        }
+        out.reverse();
+        Some(out)
     }
 }
 

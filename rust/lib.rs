@@ -2,6 +2,7 @@
 //! sequence. Pure Rust; the PyO3 layer in `python.rs` only translates.
 
 pub mod block_manager;
+pub mod closing;
 pub mod grammar;
 pub mod masks;
 pub mod sampling;

@@ -57,7 +57,8 @@ impl PyScheduler {
                         top_k = 0, min_p = 0.0, seed = None, presence_penalty = 0.0,
                         frequency_penalty = 0.0, repetition_penalty = 1.0,
                         stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0,
-                        logit_bias = Vec::new(), grammar = None, fast_forward = true))]
+                        logit_bias = Vec::new(), grammar = None, fast_forward = true,
+                        close_on_length = false))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -78,6 +79,7 @@ impl PyScheduler {
         logit_bias: Vec<(i64, f64)>,
         grammar: Option<PyRef<'_, PyGrammar>>,
         fast_forward: bool,
+        close_on_length: bool,
     ) -> PyResult<Vec<u32>> {
         let req = RequestParams {
             max_tokens,
@@ -95,7 +97,7 @@ impl PyScheduler {
             logit_bias,
         };
         let grammar = grammar.as_ref().map(|g| &g.inner);
-        self.inner.add_constrained(seq_id, &prompt_token_ids, &req, grammar, fast_forward).map_err(to_py)
+        self.inner.add_constrained(seq_id, &prompt_token_ids, &req, grammar, fast_forward, close_on_length).map_err(to_py)
     }
 
     // Calls that may wait for the mask thread release the GIL: the thread

@@ -109,4 +109,12 @@ impl PyMatcher {
     fn rollback(&mut self, n: usize) -> PyResult<()> {
         self.inner.rollback(n).map_err(PyValueError::new_err)
     }
+
+    /// The shortest completion found that the grammar accepts, as tokens
+    /// (at most `max_tokens`), or None.
+    #[pyo3(signature = (max_tokens = 4096))]
+    fn shortest_completion(&self, py: Python<'_>, max_tokens: usize) -> Option<Vec<u32>> {
+        let inner = &self.inner;
+        py.detach(|| crate::closing::shortest_completion(inner, max_tokens)).map(|c| c.tokens)
+    }
 }

@@ -1,6 +1,7 @@
 //! Per-request token state.
 
 use crate::block_manager::SeqBlocks;
+use crate::closing::{shortest_completion, Closer, MAX_BYTES};
 use crate::grammar::GrammarMatcher;
 use crate::sampling::{new_rng, SamplingParams, SeqRng};
 
@@ -152,6 +153,11 @@ pub struct Constraint {
     pub fast_forward: bool,
     /// Why the last mask allowed nothing.
     pub mask_error: Option<String>,
+    /// Near the budget, steer to the shortest valid completion instead of
+    /// cutting the output (None: cut).
+    pub closer: Option<Closer>,
+    /// Why the request cannot end validly within its budget.
+    pub closing_error: Option<String>,
 }
 
 /// What appending one sampled token did.
@@ -163,11 +169,14 @@ pub struct Commit {
     pub forced: Vec<u32>,
     pub reason: Option<FinishReason>,
     pub error: Option<String>,
+    /// The token appended instead of the sampled one (the output was steered
+    /// to a valid end; see [`crate::closing`]).
+    pub replaced_by: Option<u32>,
 }
 
 impl Commit {
     fn failed(appended: bool, msg: String) -> Self {
-        Commit { appended, forced: Vec::new(), reason: Some(FinishReason::Error), error: Some(msg) }
+        Commit { appended, reason: Some(FinishReason::Error), error: Some(msg), ..Default::default() }
     }
 }
 
@@ -282,8 +291,9 @@ impl Sequence {
     /// Attach a grammar; with fast-forward, the tokens it forces at the very
     /// start are appended at once (returned; they are computed with the
     /// prompt). Forced tokens that would reach max_tokens are left to
-    /// sampling.
-    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool) -> Vec<u32> {
+    /// sampling. With `close_on_length`, the output is steered to a complete
+    /// one before the budget runs out (see [`crate::closing`]).
+    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, close_on_length: bool, max_len: usize) -> Vec<u32> {
         // Also caches them for the first mask, so the mask thread need not tokenize.
         let mut forced = matcher.forced_tokens();
         if !fast_forward || forced.len() >= self.stop.max_tokens {
@@ -294,8 +304,29 @@ impl Sequence {
             self.token_ids.extend(&forced);
             matcher.forced_tokens();
         }
-        self.constraint = Some(Constraint { matcher: Some(matcher), fast_forward, mask_error: None });
+        let mut c = Constraint { matcher: None, fast_forward, mask_error: None, closer: None, closing_error: None };
+        if close_on_length {
+            let mut closer = Closer::default();
+            let mut closer_off = false;
+            let left = self.remaining(max_len);
+            match shortest_completion(&matcher, MAX_BYTES) {
+                Some(t) if t.tokens.len() <= left => closer.record(t, left),
+                Some(t) => c.closing_error = Some(too_long(t.tokens.len(), left)),
+                // Beyond what the search covers: cut, as without closing.
+                None => closer_off = true,
+            }
+            c.closer = (!closer_off).then_some(closer);
+        }
+        c.matcher = Some(matcher);
+        self.constraint = Some(c);
         forced
+    }
+
+    /// Output tokens that may still be appended: max_tokens or the context,
+    /// whichever ends first.
+    pub fn remaining(&self, max_len: usize) -> usize {
+        let by_tokens = self.stop.max_tokens.saturating_sub(self.num_output_tokens());
+        by_tokens.min(max_len.saturating_sub(self.len()))
     }
 
     /// Append a sampled token (-1: the mask allowed nothing), advance the
@@ -313,6 +344,21 @@ impl Sequence {
     }
 
     fn commit_constrained(&mut self, c: &mut Constraint, token: i64, eos: &[u32], max_len: usize) -> Commit {
+        if let Some(e) = &c.closing_error {
+            return Commit::failed(false, e.clone());
+        }
+        let before = self.len();
+        let mut consumed = 0;
+        let mut out = self.advance_sampled(c, token, eos, max_len, &mut consumed);
+        if c.closer.is_some() && matches!(out.reason, None | Some(FinishReason::Length)) {
+            self.close_if_due(c, &mut out, before, consumed, eos, max_len);
+        }
+        out
+    }
+
+    /// Append the sampled token and what the grammar forces after it;
+    /// `consumed` counts the tokens the matcher took.
+    fn advance_sampled(&mut self, c: &mut Constraint, token: i64, eos: &[u32], max_len: usize, consumed: &mut usize) -> Commit {
         let Some(m) = c.matcher.as_mut() else {
             return Commit::failed(false, "internal error: the grammar state was lost".into());
         };
@@ -329,6 +375,7 @@ impl Sequence {
                 return Commit::failed(false, format!("token {t} is not allowed by the grammar here: {why}"));
             }
         }
+        *consumed += 1;
         let mut out = Commit { appended: true, reason: self.append(t, eos, max_len), ..Default::default() };
         if ends_done {
             out.reason = Some(FinishReason::Stop);
@@ -355,6 +402,7 @@ impl Sequence {
                 Ok(n) => n,
                 Err(e) => return Commit { reason: Some(FinishReason::Error), error: Some(e), ..out },
             };
+            *consumed += n;
             for &f in &ff[..n] {
                 out.forced.push(f);
                 out.reason = self.append(f, eos, max_len);
@@ -368,6 +416,74 @@ impl Sequence {
         }
         out
     }
+
+    /// Near the budget: go on while a valid completion still fits after this
+    /// step's tokens, force it once it fills what is left, and where it no
+    /// longer fits take this step's tokens back and force the completion
+    /// from before them (which fit, or was checked to fit, last step).
+    fn close_if_due(&mut self, c: &mut Constraint, out: &mut Commit, before: usize, consumed: usize, eos: &[u32], max_len: usize) {
+        let (Some(closer), Some(m)) = (c.closer.as_mut(), c.matcher.as_mut()) else { return };
+        let left = self.remaining(max_len);
+        if !closer.due(left) {
+            return;
+        }
+        if let Some(kept) = closer.still_fits(m, &m.bytes_of(&self.token_ids[before..]), left) {
+            return closer.record(kept, left);
+        }
+        match shortest_completion(m, left) {
+            Some(t) if t.tokens.len() < left => return closer.record(t, left),
+            Some(t) => return self.force_closing(m, out, t.tokens),
+            None => {}
+        }
+        // This step's tokens left no valid completion within the budget.
+        let undone = m.rollback(consumed);
+        self.token_ids.truncate(before);
+        *out = Commit { appended: true, ..Default::default() };
+        let left = self.remaining(max_len);
+        match undone.ok().and_then(|_| shortest_completion(m, left)).map(|c| c.tokens) {
+            // Complete already: end it here, as the model may.
+            Some(t) if t.is_empty() => match eos.first() {
+                Some(&e) if m.advance(&[e]) == Ok(1) => {
+                    self.token_ids.push(e);
+                    (out.replaced_by, out.reason) = (Some(e), Some(FinishReason::Stop));
+                }
+                _ => out.reason = Some(FinishReason::Length),
+            },
+            Some(t) => {
+                let first = t[0];
+                self.force_closing(m, out, t);
+                if out.reason == Some(FinishReason::Length) {
+                    out.replaced_by = Some(first);
+                    out.forced.remove(0);
+                }
+            }
+            None => *out = Commit::failed(false, format!("no complete output the grammar allows fits in the {left} tokens left")),
+        }
+    }
+
+    /// Append a closing found for the matcher's state; the output ends there.
+    fn force_closing(&mut self, m: &mut GrammarMatcher, out: &mut Commit, closing: Vec<u32>) {
+        match m.advance(&closing) {
+            Ok(n) if n == closing.len() => {
+                self.token_ids.extend(&closing);
+                out.forced.extend(&closing);
+                out.reason = Some(FinishReason::Length);
+            }
+            _ => {
+                let why = m.error().unwrap_or_else(|| "a token was refused".into());
+                *out = Commit { error: Some(format!("internal error: the closing could not be applied: {why}")), reason: Some(FinishReason::Error), ..std::mem::take(out) };
+            }
+        }
+    }
+}
+
+/// The message of a request whose shortest complete output needs more
+/// tokens than it may have.
+fn too_long(needed: usize, left: usize) -> String {
+    format!(
+        "the shortest output the grammar allows needs {needed} tokens, but only {left} are allowed \
+         (max_tokens or the context): raise max_tokens or relax the schema"
+    )
 }
 
 #[cfg(test)]

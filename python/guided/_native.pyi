@@ -86,6 +86,7 @@ class Scheduler:
         logit_bias: list[tuple[int, float]] = [],
         grammar: Grammar | None = None,
         fast_forward: bool = True,
+        close_on_length: bool = False,
     ) -> list[int]:
         """Queue a request. ``seq_id`` in [0, 2**63), not in use; ``top_k`` 0
         disables top-k; temperature 0 is greedy; ``seed`` None draws a random
@@ -102,7 +103,13 @@ class Scheduler:
         with "stop"), and with ``fast_forward`` the tokens it forces are
         appended without sampling (computed by the next step as a prefill
         chunk). Returns the tokens forced at the very start, already part of
-        the output (empty without a grammar or fast-forward)."""
+        the output (empty without a grammar or fast-forward).
+
+        With ``close_on_length`` an output that reaches its budget
+        (max_tokens or the context) is steered to the shortest completion
+        the grammar accepts and ends complete, finish_reason "length"; one
+        that cannot end within its budget finishes with "error" and says
+        why."""
     def schedule(self) -> StepPlan | None:
         """The next step's work, or None when there is nothing to run."""
     def start_masks(self) -> None:
@@ -220,3 +227,7 @@ class Matcher:
     def error(self) -> str | None: ...
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` consumed tokens."""
+    def shortest_completion(self, max_tokens: int = 4096) -> list[int] | None:
+        """The shortest completion found from here that the grammar accepts
+        (empty where it accepts already), at most ``max_tokens`` tokens; None
+        if none was found. Not consumed."""

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import _native
-from .grammar import compose
+from .grammar import ComposedGrammar, closes_on_length, compose
 from .model import AttentionMetadata, LoadedModel, allocate_kv_cache
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -131,13 +131,17 @@ class Engine:
     # -- requests --------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None, grammar: str | None = None) -> int:
+                    prompt: str | None = None,
+                    grammar: str | ComposedGrammar | None = None) -> int:
         """Queue one request; raises ValueError (and queues nothing) on bad input.
 
         ``grammar`` is a composed llguidance grammar (the chat layer's), used
-        instead of ``params.structured_outputs``. A grammar that does not
+        instead of ``params.structured_outputs``; as a ComposedGrammar it
+        also says whether its output is steered to a complete one at the
+        budget (for structured_outputs, "on_length" says so). A grammar that does not
         compile is not bad input of the call: that request alone ends at the
-        next step with finish_reason "error"."""
+        next step with finish_reason "error"; so does one whose shortest
+        complete output does not fit in max_tokens, when closing."""
         if grammar is not None and params.structured_outputs is not None:
             raise ValueError("give either a composed grammar or structured_outputs, not both")
         if not prompt_ids:
@@ -150,6 +154,11 @@ class Engine:
         rid = next(self._ids)
         req = _Request(rid, prompt, list(prompt_ids), params,
                        IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
+        close_on_length = False
+        if isinstance(grammar, ComposedGrammar):
+            grammar, close_on_length = grammar.text, grammar.close_on_length
+        if params.structured_outputs is not None:
+            close_on_length = closes_on_length(params.structured_outputs)
         if grammar is not None or params.structured_outputs is not None:
             try:
                 grammar = self.grammar_compiler.compile(grammar) if grammar is not None \
@@ -168,7 +177,8 @@ class Engine:
             repetition_penalty=params.repetition_penalty,
             stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens, logit_bias=list((params.logit_bias or {}).items()),
-            grammar=grammar, fast_forward=params.fast_forward)
+            grammar=grammar, fast_forward=params.fast_forward,
+            close_on_length=close_on_length and grammar is not None)
         self.requests[rid] = req
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from ..grammar import ComposedGrammar, check_on_length
 from ..grammar.chat import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
 from ..grammar.json_schema import json_schema_grammar
 from ..sampling_params import SamplingParams
@@ -30,7 +31,7 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 class ChatPlan:
     prompt_ids: list[int]
     params: SamplingParams
-    grammar: str | None            # llguidance TopLevelGrammar JSON, or None (free text)
+    grammar: ComposedGrammar | None  # the whole message's grammar, or None (free text)
     encoded: EncodedChat
     make_parser: Callable[[], ChatParser]
 
@@ -68,8 +69,9 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
         compile_check(json.dumps({"grammars": [answer]}))
     grammar = None
     if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
-        grammar = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
-        compile_check(grammar)
+        text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
+        compile_check(text)
+        grammar = ComposedGrammar(text, _closes_on_length(response_format, answer, tool_plan, reasoning))
 
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
@@ -131,6 +133,7 @@ def _check_response_format(rf) -> dict | None:
         return None
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
         raise ValueError("response_format.type must be 'text', 'json_object' or 'json_schema'")
+    check_on_length(rf.get("on_length"), "response_format.on_length")
     if rf["type"] == "text":
         return None
     if rf["type"] == "json_object":
@@ -139,6 +142,15 @@ def _check_response_format(rf) -> dict | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise ValueError("response_format.json_schema must be an object with a 'schema'")
     return schema_entry(json_schema_grammar, spec.get("schema", {}), "response_format.json_schema.schema")
+
+
+def _closes_on_length(rf, answer, tools, reasoning) -> bool:
+    """A JSON answer is steered to a complete one at the budget unless
+    response_format says "on_length": "cut". Not with tool calls or a
+    reasoning block, whose control tokens the closing search cannot write."""
+    if answer is None or tools is not None or (reasoning and reasoning.mode != "forbidden"):
+        return False
+    return rf.get("on_length", "close") == "close"
 
 
 def schema_entry(build: Callable[[Any], dict], schema: Any, where: str) -> dict:

@@ -15,15 +15,23 @@ llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
   only with ``"allow_special_tokens": True`` beside it (DESIGN rule 7: a
   client grammar must not make the model write control tokens unless the
   operator allows it).
+
+``"on_length"`` beside any of them says what happens when the output
+reaches its budget (max_tokens or the context): ``"close"`` steers it to
+the shortest completion the grammar accepts, so it ends complete (still
+with finish_reason "length"); ``"cut"`` returns the text as it stood. The
+default is "close" for "json" and "cut" for the others.
 """
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar")
-OPTION_KEYS = ("whitespace", "allow_special_tokens")
+OPTION_KEYS = ("whitespace", "allow_special_tokens", "on_length")
+ON_LENGTH = ("close", "cut")
 
 
 def check_structured_outputs(so: Any) -> None:
@@ -43,6 +51,27 @@ def check_structured_outputs(so: Any) -> None:
         raise ValueError("structured_outputs: 'whitespace' applies only to 'json'")
     if not isinstance(so.get("allow_special_tokens", False), bool):
         raise ValueError("structured_outputs: 'allow_special_tokens' must be a boolean")
+    check_on_length(so.get("on_length"), "structured_outputs['on_length']")
+
+
+@dataclass(frozen=True)
+class ComposedGrammar:
+    """A composed grammar (TopLevelGrammar JSON text) and whether an output
+    that reaches its budget is steered to a complete one."""
+
+    text: str
+    close_on_length: bool = False
+
+
+def check_on_length(value: Any, where: str) -> None:
+    if value is not None and value not in ON_LENGTH:
+        raise ValueError(f"{where} must be 'close' or 'cut', got {value!r}")
+
+
+def closes_on_length(so: dict) -> bool:
+    """Whether an output that reaches its budget is steered to a complete
+    one (``on_length``; by default only for JSON)."""
+    return so.get("on_length", "close" if "json" in so else "cut") == "close"
 
 
 def compose(so: dict) -> str:

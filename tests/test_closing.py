@@ -1,0 +1,201 @@
+"""Structured output that is never cut mid-structure (on_length="close"):
+near max_tokens the output is steered to the shortest completion the
+grammar accepts, so JSON that ends by the budget still parses and
+validates; on_length="cut" keeps the cut text; a schema whose shortest
+instance does not fit fails with a message."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from guided import SamplingParams
+
+jsonschema = pytest.importorskip("jsonschema")
+
+BENCH_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "jsonschemabench" / "data"
+BENCH_SAMPLE = 20
+#: Output tokens allowed beyond the schema's shortest instance: tight enough
+#: that most outputs reach the budget.
+SLACK = 10
+
+
+def chat(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+PROMPT = chat("Describe a person in detail as JSON.")
+
+
+def obj(props: dict, required=None, **kw) -> dict:
+    return {"type": "object", "properties": props,
+            "required": list(props) if required is None else required, **kw}
+
+
+# Shapes where a cut lands mid-structure: long free strings, nesting, arrays
+# with a minimum, required keys after optional ones, patterns and formats.
+OWN = {
+    "long_strings": obj({"name": {"type": "string"}, "bio": {"type": "string"}}),
+    "nested": obj({"user": obj({"name": {"type": "string"},
+                                "address": obj({"city": {"type": "string"},
+                                                "zip": {"type": "string", "pattern": "^[0-9]{5}$"}})})}),
+    "array_min": obj({"tags": {"type": "array", "items": {"type": "string"}, "minItems": 2}}),
+    "array_objects": obj({"people": {"type": "array", "items": obj({"name": {"type": "string"},
+                                                                    "age": {"type": "integer"}})}}),
+    "optional_then_required": obj({"note": {"type": "string"}, "id": {"type": "integer", "minimum": 10}},
+                                  required=["id"]),
+    "free_object": {"type": "object"},
+    "enum_and_text": obj({"mood": {"enum": ["happy", "sad"]}, "why": {"type": "string", "minLength": 3}}),
+    "numbers": obj({"xs": {"type": "array", "items": {"type": "number"}}, "total": {"type": "number"}}),
+    "pattern": obj({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
+                    "text": {"type": "string"}}),
+    "format_date": obj({"story": {"type": "string"}, "d": {"type": "string", "format": "date"}}),
+    "any_of": obj({"v": {"anyOf": [{"type": "string"}, obj({"k": {"type": "string"}})]},
+                   "w": {"type": "boolean"}}),
+    "deep_arrays": obj({"m": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}}),
+}
+
+
+def _bench_sample(tokens_of) -> dict[str, dict]:
+    """Small JSONSchemaBench schemas (spread by name hash) that compile and
+    whose shortest instance is short enough to keep the test quick."""
+    files = sorted(BENCH_DATA.glob("*.json"), key=lambda p: hashlib.sha256(p.name.encode()).hexdigest())
+    out = {}
+    for f in files:
+        doc = json.loads(f.read_text())
+        if doc.get("meta", {}).get("full_size", 10**9) > 1500 or not isinstance(doc.get("schema"), dict):
+            continue
+        n = tokens_of(doc["schema"])
+        if n is not None and n <= 40:
+            out[f"bench:{f.stem}"] = doc["schema"]
+        if len(out) == BENCH_SAMPLE:
+            break
+    return out
+
+
+def _validator(schema: dict):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _shortest(llm, schema) -> int | None:
+    """Tokens of the shortest instance found, or None if it does not compile."""
+    try:
+        m = llm.engine.compile_grammar({"json": schema}).matcher()
+    except ValueError:
+        return None
+    forced = m.forced_tokens()
+    m.consume_tokens(forced)
+    rest = m.shortest_completion()
+    return None if rest is None else len(forced) + len(rest)
+
+
+@pytest.fixture(scope="module")
+def suite(llm):
+    schemas = dict(OWN)
+    if BENCH_DATA.is_dir():
+        schemas.update(_bench_sample(lambda s: _shortest(llm, s)))
+    budgets = {}
+    for name, schema in schemas.items():
+        n = _shortest(llm, schema)
+        assert n is not None, name
+        budgets[name] = n + SLACK
+    return schemas, budgets
+
+
+def _run(llm, schemas, budgets, temperature, on_length):
+    names = list(schemas)
+    params = [SamplingParams(max_tokens=budgets[n], temperature=temperature, seed=i,
+                             structured_outputs={"json": schemas[n], "on_length": on_length})
+              for i, n in enumerate(names)]
+    return dict(zip(names, llm.generate([PROMPT] * len(names), params)))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_outputs_at_the_budget_are_complete_and_valid(llm, suite, temperature):
+    schemas, budgets = suite
+    if BENCH_DATA.is_dir():
+        assert len(schemas) >= 30
+    closed = _run(llm, schemas, budgets, temperature, "close")
+    bad = []
+    for name, out in closed.items():
+        try:
+            _validator(schemas[name]).validate(json.loads(out.text))
+        except Exception as exc:  # noqa: BLE001
+            bad.append(f"{name}: {out.finish_reason} {out.error} {out.text[:300]!r}: {exc}"[:600])
+            continue
+        assert len(out.token_ids) <= budgets[name], name
+        assert out.finish_reason in ("stop", "length"), (name, out.finish_reason, out.error)
+    assert not bad, "\n".join(bad)
+    # The budget is tight: most outputs ran into it (and say so). Until the
+    # closing takes over, the output is the one a cut run gives, so these
+    # are the outputs that would have been cut.
+    ended = [n for n, o in closed.items() if o.finish_reason == "length"]
+    assert len(ended) * 2 >= len(schemas), (len(ended), len(schemas))
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def test_cut_is_the_text_as_it_stood(llm):
+    """on_length="cut": the first max_tokens tokens of the longer output."""
+    schema = OWN["long_strings"]
+    long, short = llm.generate([PROMPT] * 2, [
+        SamplingParams(max_tokens=60, structured_outputs={"json": schema, "on_length": "cut"}),
+        SamplingParams(max_tokens=20, structured_outputs={"json": schema, "on_length": "cut"})])
+    assert short.finish_reason == "length" and len(short.token_ids) == 20
+    assert short.token_ids == long.token_ids[:20]
+    assert not _parses(short.text)
+    closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
+    assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
+    value = json.loads(closed.text)
+    assert set(value) == {"name", "bio"}
+    # Greedy: the same tokens until the closing took over.
+    same = next(i for i, (a, b) in enumerate(zip(closed.token_ids + [-1], short.token_ids)) if a != b)
+    assert same >= 8, (closed.text, short.text)
+
+
+def test_a_schema_that_cannot_fit_fails_with_a_message(llm):
+    schema = obj({f"property_number_{i}": {"type": "string", "minLength": 5} for i in range(8)})
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={"json": schema}))[0]
+    assert out.finish_reason == "error"
+    assert "shortest output the grammar allows needs" in out.error and "30" in out.error, out.error
+    ok = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={
+        "json": schema, "on_length": "cut"}))[0]
+    assert ok.finish_reason == "length"   # cut as before
+
+
+def test_regex_and_lark_close_when_asked(llm):
+    outs = llm.generate([PROMPT] * 2, [
+        SamplingParams(max_tokens=12, structured_outputs={
+            "regex": r"\{\"words\": \[(\"[a-z ]+\", )*\"[a-z ]+\"\]\}", "on_length": "close"}),
+        SamplingParams(max_tokens=12, structured_outputs={
+            "grammar": 'start: "<" WORD ("," WORD)* ">"\nWORD: /[a-z ]+/', "on_length": "close"})])
+    assert json.loads(outs[0].text)["words"]
+    assert outs[1].text.startswith("<") and outs[1].text.endswith(">"), outs[1].text
+    for o in outs:
+        assert len(o.token_ids) <= 12
+
+
+def test_chat_response_format_closes_unless_cut(llm):
+    schema = OWN["long_strings"]
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
+    r = llm.chat(msgs, response_format=rf, sampling_params=SamplingParams(max_tokens=20))
+    assert r.finish_reason == "length"
+    assert set(json.loads(r.content)) == {"name", "bio"}
+    r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
+                 sampling_params=SamplingParams(max_tokens=20))
+    assert r.finish_reason == "length" and not _parses(r.content)
+
+
+def test_bad_on_length_is_refused():
+    with pytest.raises(ValueError, match="on_length"):
+        SamplingParams(structured_outputs={"json": {"type": "object"}, "on_length": "truncate"})
