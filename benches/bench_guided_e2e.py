@@ -8,7 +8,9 @@
     lengths (max_tokens = each row's constrained length, ignore_eos), so both
     produce the same number of tokens. Throughput = generated tokens / wall
     time of the whole generate() call (prefill included, identical prompts).
-    Printed: the ratio constrained/unconstrained (floor 0.90, goal 0.97) and
+    Printed: the ratio constrained/unconstrained (floor 0.90, goal 0.97), the
+    same for on_length="cut" (no closing at the budget; its cost shows as the
+    difference, clearest with a small --new-tokens that cuts every row) and
     the engine's counters over the constrained run: forced_tokens,
     mask_time_us, mask_wait_us (the part sample() waited for; the rest was
     hidden behind the forward pass).
@@ -93,22 +95,30 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
         max_tokens=new_tokens, temperature=0.0, structured_outputs=so)), repeat)
     delta = {k: (llm.stats()[k] - before[k]) // repeat for k in keys}
     lens = [len(o.token_ids) for o in outs]
-    valid = 0
-    for o in outs:
-        try:
-            json.loads(o.text)
-            valid += 1
-        except ValueError:
-            pass
+    valid = sum(map(_parses, (o.text for o in outs)))
     t_ff, _ = timed(lambda: llm.generate(prompts, SamplingParams(
         max_tokens=new_tokens, temperature=0.0, structured_outputs=so, fast_forward=False)), repeat)
+    # The same without closing at the budget (on_length="cut"): its outputs
+    # may be shorter (cut), so it is compared per token.
+    t_cut, cut = timed(lambda: llm.generate(prompts, SamplingParams(
+        max_tokens=new_tokens, temperature=0.0, structured_outputs={**so, "on_length": "cut"})), repeat)
+    n_cut = sum(len(o.token_ids) for o in cut)
     t_free, free = timed(lambda: llm.generate(prompts, [
         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lens]), repeat)
     assert [len(o.token_ids) for o in free] == lens
     n = sum(lens)
     return {"tokens": n, "valid_json": valid, "finish": [o.finish_reason for o in outs],
-            "con_tps": n / t_con, "ff_off_tps": n / t_ff, "free_tps": n / t_free, **delta,
+            "con_tps": n / t_con, "ff_off_tps": n / t_ff, "free_tps": n / t_free, "cut_tps": n_cut / t_cut,
+            "cut_valid": sum(map(_parses, (o.text for o in cut))), **delta,
             "sample_text": outs[0].text}
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 # ----------------------------------------------------------------------------- (b)
@@ -206,19 +216,22 @@ def main() -> None:
     print(f"(a) guided, batch {args.batch}, JSON schema vs free decoding of the same lengths\n")
     print(f"{'dtype':<{w}}{'tokens':>7}{'valid':>6}{'constr tok/s':>13}{'ff-off tok/s':>13}"
           f"{'free tok/s':>11}{'ratio':>7}{'ff-off':>7}{'forced':>7}{'mask ms':>9}{'waited ms':>10}"
-          f"{'hidden':>7}")
+          f"{'hidden':>7}{'cut tok/s':>10}{'cut':>6}{'valid':>6}")
     for label, r in a_rows.items():
         hidden = 1 - r["mask_wait_us"] / r["mask_time_us"] if r["mask_time_us"] else float("nan")
         print(f"{label:<{w}}{r['tokens']:>7}{r['valid_json']:>6}{r['con_tps']:>13.1f}{r['ff_off_tps']:>13.1f}"
               f"{r['free_tps']:>11.1f}{r['con_tps'] / r['free_tps']:>7.3f}"
               f"{r['ff_off_tps'] / r['free_tps']:>7.3f}{r['forced_tokens']:>7}"
-              f"{r['mask_time_us'] / 1e3:>9.1f}{r['mask_wait_us'] / 1e3:>10.1f}{100 * hidden:>6.0f}%")
+              f"{r['mask_time_us'] / 1e3:>9.1f}{r['mask_wait_us'] / 1e3:>10.1f}{100 * hidden:>6.0f}%"
+              f"{r['cut_tps']:>10.1f}{r['cut_tps'] / r['free_tps']:>6.3f}{r['cut_valid']:>6}")
     first = next(iter(a_rows.values()))
     print(f"\nfinish reasons: {dict((f, first['finish'].count(f)) for f in set(first['finish']))}; "
           f"row 0: {first['sample_text'][:160]!r}")
     print("ratio = constrained / free tok/s (floor 0.90, goal 0.97); ff-off = constrained with "
           "fast_forward=False / free; mask ms = wall time of the mask jobs, waited = what sample() "
-          "waited for, hidden = the share that overlapped the forward pass\n", flush=True)
+          "waited for, hidden = the share that overlapped the forward pass; cut = constrained with "
+          "on_length='cut' (no closing at the budget) / free, and how many of its outputs parse\n",
+          flush=True)
     if args.skip_hf:
         return
 

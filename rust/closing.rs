@@ -88,9 +88,16 @@ impl Search<'_> {
             self.push_forced(&forced, limit);
             return;
         }
+        // A byte written twice in a row is tried last: repeating it is how
+        // a depth-first search dives into a string or number that never ends.
+        let repeated = match self.path[..] {
+            [.., a, b] if a == b => Some(b),
+            _ => None,
+        };
+        let order = self.bytes.order.iter().filter(|(b, _)| Some(*b) != repeated);
+        let order: Vec<(u8, u32)> = order.chain(self.bytes.order.iter().filter(|(b, _)| Some(*b) == repeated)).copied().collect();
         let mut children = 0;
-        for i in 0..self.bytes.order.len() {
-            let (b, t) = self.bytes.order[i];
+        for (b, t) in order {
             if self.tries >= self.max_tries || children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {
                 return;
             }
@@ -235,7 +242,7 @@ mod tests {
         let c = shortest_completion(&m, 50).unwrap();
         let t = text(&c.tokens);
         assert_eq!(t.as_bytes(), &c.bytes[..]);
-        assert_eq!(t.replace(' ', ""), r#"","n":0}"#, "{t}");
+        assert_eq!(t.replace(' ', ""), r#"","n":1}"#, "{t}");
     }
 
     #[test]

@@ -16,10 +16,10 @@ from guided import SamplingParams
 jsonschema = pytest.importorskip("jsonschema")
 
 BENCH_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "jsonschemabench" / "data"
-BENCH_SAMPLE = 20
+BENCH_SAMPLE = 19
 #: Output tokens allowed beyond the schema's shortest instance: tight enough
 #: that most outputs reach the budget.
-SLACK = 10
+SLACK = 8
 
 
 def chat(text: str) -> str:
@@ -68,7 +68,7 @@ def _bench_sample(tokens_of) -> dict[str, dict]:
         if doc.get("meta", {}).get("full_size", 10**9) > 1500 or not isinstance(doc.get("schema"), dict):
             continue
         n = tokens_of(doc["schema"])
-        if n is not None and n <= 40:
+        if n is not None and n <= 32:
             out[f"bench:{f.stem}"] = doc["schema"]
         if len(out) == BENCH_SAMPLE:
             break
@@ -156,7 +156,8 @@ def test_cut_is_the_text_as_it_stood(llm):
     closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
     assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
     value = json.loads(closed.text)
-    assert set(value) == {"name", "bio"}
+    _validator(schema).validate(value)
+    assert {"name", "bio"} <= set(value)
     # Greedy: the same tokens until the closing took over.
     same = next(i for i, (a, b) in enumerate(zip(closed.token_ids + [-1], short.token_ids)) if a != b)
     assert same >= 8, (closed.text, short.text)
@@ -190,7 +191,9 @@ def test_chat_response_format_closes_unless_cut(llm):
     msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
     r = llm.chat(msgs, response_format=rf, sampling_params=SamplingParams(max_tokens=20))
     assert r.finish_reason == "length"
-    assert set(json.loads(r.content)) == {"name", "bio"}
+    value = json.loads(r.content)
+    _validator(schema).validate(value)
+    assert {"name", "bio"} <= set(value)
     r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
                  sampling_params=SamplingParams(max_tokens=20))
     assert r.finish_reason == "length" and not _parses(r.content)
