@@ -88,14 +88,13 @@ impl Search<'_> {
             self.push_forced(&forced, limit);
             return;
         }
-        // A byte written twice in a row is tried last: repeating it is how
-        // a depth-first search dives into a string or number that never ends.
-        let repeated = match self.path[..] {
-            [.., a, b] if a == b => Some(b),
-            _ => None,
-        };
-        let order = self.bytes.order.iter().filter(|(b, _)| Some(*b) != repeated);
-        let order: Vec<(u8, u32)> = order.chain(self.bytes.order.iter().filter(|(b, _)| Some(*b) == repeated)).copied().collect();
+        // Content bytes among the last three written are tried last:
+        // repeating them is how a depth-first search dives into a string or
+        // number that never ends (closers may repeat: `]]}`).
+        let recent = &self.path[self.path.len().saturating_sub(3)..];
+        let stale = |b: u8| !b"\"}]".contains(&b) && recent.contains(&b);
+        let order = self.bytes.order.iter().filter(|(b, _)| !stale(*b));
+        let order: Vec<(u8, u32)> = order.chain(self.bytes.order.iter().filter(|(b, _)| stale(*b))).copied().collect();
         let mut children = 0;
         for (b, t) in order {
             if self.tries >= self.max_tries || children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {

@@ -1000,6 +1000,50 @@ mod tests {
             assert_eq!(out[0].finish_reason, None);
         }
 
+        /// Run one closing request whose model always wants `want`; its text.
+        fn closed_run(grammar: &str, max_tokens: i64, want: u32) -> (String, Option<FinishReason>, Option<String>) {
+            let (mut s, c, v, eos) = setup();
+            let g = c.compile(grammar).unwrap();
+            let mut toks = s.add_constrained(1, &prompt(5, 0), &req(max_tokens), Some(&g), true, true).unwrap();
+            let mut last = (None, None);
+            for _ in 0..40 {
+                let Some(plan) = s.schedule() else { break };
+                let n = plan.sample_seq_ids.len();
+                let out = s.sample(&favour(v, &vec![want; n]), n, v, None).unwrap();
+                for o in s.update(&out.iter().map(|o| o.token).collect::<Vec<_>>()).unwrap() {
+                    toks.extend(u32::try_from(o.token));
+                    toks.extend(o.forced);
+                    last = (o.finish_reason, o.error);
+                }
+            }
+            assert!(toks.len() <= max_tokens as usize, "{toks:?}");
+            let text: Vec<u8> = toks.iter().filter(|&&t| t != eos).flat_map(|&t| vocab().0[t as usize].clone()).collect();
+            (String::from_utf8(text).unwrap(), last.0, last.1)
+        }
+
+        fn object_schema() -> String {
+            r#"{"grammars": [{"json_schema": {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}, "required": ["s", "n"], "additionalProperties": false}}]}"#.into()
+        }
+
+        #[test]
+        fn at_the_budget_the_output_is_closed_not_cut() {
+            // The model would write "a" forever inside the string.
+            let (text, reason, _) = closed_run(&object_schema(), 20, tok("a"));
+            assert_eq!(reason, Some(FinishReason::Length));
+            assert!(text.starts_with("{") && text.contains("\"s\"") && text.ends_with('}'), "{text}");
+            assert!(text.replace(' ', "").ends_with(r#"","n":1}"#), "{text}");
+            // A regex grammar closes too.
+            let (text, reason, _) = closed_run(&lark("start: /x[a-c]+y/"), 6, tok("a"));
+            assert_eq!((text.as_str(), reason), ("xaaaay", Some(FinishReason::Length)));
+        }
+
+        #[test]
+        fn a_budget_below_the_shortest_output_is_an_error() {
+            let (_, reason, error) = closed_run(&object_schema(), 5, tok("a"));
+            assert_eq!(reason, Some(FinishReason::Error));
+            assert!(error.unwrap().contains("shortest output the grammar allows needs"));
+        }
+
         #[test]
         fn end_tokens_are_allowed_where_the_grammar_accepts_despite_min_tokens() {
             let (mut s, c, v, eos) = setup();

@@ -309,7 +309,10 @@ impl Sequence {
             let mut closer = Closer::default();
             let mut closer_off = false;
             let left = self.remaining(max_len);
-            match shortest_completion(&matcher, MAX_BYTES) {
+            // Within the budget first (a tighter search); the longer search
+            // only to say how much is needed.
+            let found = shortest_completion(&matcher, left).or_else(|| shortest_completion(&matcher, MAX_BYTES));
+            match found {
                 Some(t) if t.tokens.len() <= left => closer.record(t, left),
                 Some(t) => c.closing_error = Some(too_long(t.tokens.len(), left)),
                 // Beyond what the search covers: cut, as without closing.

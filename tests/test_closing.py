@@ -148,7 +148,7 @@ def test_cut_is_the_text_as_it_stood(llm):
     """on_length="cut": the first max_tokens tokens of the longer output."""
     schema = OWN["long_strings"]
     long, short = llm.generate([PROMPT] * 2, [
-        SamplingParams(max_tokens=60, structured_outputs={"json": schema, "on_length": "cut"}),
+        SamplingParams(max_tokens=28, structured_outputs={"json": schema, "on_length": "cut"}),
         SamplingParams(max_tokens=20, structured_outputs={"json": schema, "on_length": "cut"})])
     assert short.finish_reason == "length" and len(short.token_ids) == 20
     assert short.token_ids == long.token_ids[:20]
