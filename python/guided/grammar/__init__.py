@@ -15,6 +15,8 @@ llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
   only with ``"allow_special_tokens": True`` beside it (DESIGN rule 7: a
   client grammar must not make the model write control tokens unless the
   operator allows it).
+- ``"structural_tag"``: free text with tagged JSON structures, see
+  :mod:`guided.grammar.structural_tag`.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import json
 import re
 from typing import Any
 
-CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar")
+CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "structural_tag")
 OPTION_KEYS = ("whitespace", "allow_special_tokens")
 
 
@@ -48,6 +50,12 @@ def check_structured_outputs(so: Any) -> None:
 def compose(so: dict) -> str:
     """The llguidance grammar JSON text for ``structured_outputs``; raises
     ValueError on malformed content."""
+    return json.dumps({"grammars": [constraint_entry(so)]})
+
+
+def constraint_entry(so: dict) -> dict:
+    """The one llguidance grammar entry for ``structured_outputs`` (a chat
+    answer embeds it as a sub-grammar); raises ValueError on malformed content."""
     check_structured_outputs(so)
     kind = next(k for k in CONSTRAINT_KEYS if k in so)
     value = so[kind]
@@ -59,6 +67,9 @@ def compose(so: dict) -> str:
         entry = _lark(f"start: /{regex_for_lark(value)}/")
     elif kind == "choice":
         entry = _lark(f"start: {choice_rule(value)}")
+    elif kind == "structural_tag":
+        from .structural_tag import structural_tag_entry
+        entry = structural_tag_entry(value)
     else:
         if not isinstance(value, str) or not value.strip():
             raise ValueError("structured_outputs['grammar'] must be a non-empty Lark grammar string")
@@ -67,7 +78,7 @@ def compose(so: dict) -> str:
             raise ValueError(f"structured_outputs['grammar'] names special tokens ({', '.join(named[:3])}); "
                              "they are allowed only with 'allow_special_tokens': True")
         entry = _lark(value)
-    return json.dumps({"grammars": [entry]})
+    return entry
 
 
 def _json_entry(schema: Any, whitespace: str | None) -> dict:
