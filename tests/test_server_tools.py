@@ -52,18 +52,19 @@ def test_required_named_and_auto(chat):
     client, model = chat
     for seed in range(3):
         out = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                             tool_choice="required", max_tokens=96,
-                                             temperature=1.0, seed=seed)
+                                             tool_choice="required", max_tokens=128,
+                                             temperature=1.0, seed=seed, parallel_tool_calls=False)
         assert out.choices[0].finish_reason == "tool_calls"
         _valid(out.choices[0].message.tool_calls)
     named = client.chat.completions.create(
-        model=model, messages=ASK, tools=TOOLS, max_tokens=96, temperature=1.0, seed=5,
+        model=model, messages=ASK, tools=TOOLS, max_tokens=128, temperature=1.0, seed=5,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
     _valid(named.choices[0].message.tool_calls)
     for seed in range(3):
         auto = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                              max_tokens=96, temperature=1.0, seed=seed)
+                                              max_tokens=128, temperature=1.0, seed=seed,
+                                              parallel_tool_calls=False)
         choice = auto.choices[0]
         if choice.message.tool_calls:   # the grammar makes any call it writes valid
             _valid(choice.message.tool_calls)
