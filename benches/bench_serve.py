@@ -100,6 +100,7 @@ async def run_level(base: str, workload: str, clients: int, requests: int,
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(clients)))
     wall = time.perf_counter() - began
+    await client.close()
     itl = [r["itl"] for r in results if r["itl"] is not None]
     ttft = [r["ttft"] for r in results]
     return {"tok_s": sum(r["tokens"] for r in results) / wall, "ttft": ttft, "itl": itl,
