@@ -17,6 +17,34 @@ from .protocol import ChatCompletionRequest, CompletionRequest, GrammarRequest
 from .state import ServerState
 
 DEFAULT_MAX_QUEUE = 1024
+_PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+          "/v1/grammar"}
+
+
+class KeyAndCount:
+    """Checks the API key on /v1 and counts responses by path and status. A
+    plain ASGI middleware: it leaves the receive channel alone, so handlers
+    still see a client disconnect."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"] if scope["path"] in _PATHS else "other"
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.responses.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        if self.api_key and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if given != f"Bearer {self.api_key}":
+                return await error_response(401, "missing or wrong API key")(scope, receive, counted)
+        await self.app(scope, receive, counted)
+
 
 
 def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None,
@@ -37,15 +65,7 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     app.state.server = s
     install_handlers(app)
 
-    @app.middleware("http")
-    async def check_key_and_count(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/") and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
-            response = error_response(401, "missing or wrong API key")
-        else:
-            response = await call_next(request)
-        metrics.responses.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(KeyAndCount, api_key=api_key, metrics=metrics)
 
     @app.on_event("shutdown")
     def stop_engine() -> None:
@@ -67,22 +87,22 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
                                            for name in names]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await create_completion(s, body)
+    async def completions(body: CompletionRequest, request: Request):
+        return await create_completion(s, body, request.is_disconnected)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        return await create_chat_completion(s, body)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(s, body, request.is_disconnected)
 
     @app.post("/v1/grammar")
-    async def grammar(body: GrammarRequest):
+    async def grammar(body: GrammarRequest, request: Request):
         """A raw constraint over a prompt (answered as a completion) or
         messages (answered as a chat completion)."""
         if not s.policy.allow_constraint_api:
             raise APIError(400, "/v1/grammar needs a server started with --allow-constraint-api")
-        request = body.as_request()
-        if isinstance(request, CompletionRequest):
-            return await create_completion(s, request)
-        return await create_chat_completion(s, request)
+        inner = body.as_request()
+        if isinstance(inner, CompletionRequest):
+            return await create_completion(s, inner, request.is_disconnected)
+        return await create_chat_completion(s, inner, request.is_disconnected)
 
     return app

@@ -12,7 +12,8 @@ from .runs import Job
 from .state import ServerState, respond, usage
 
 
-async def create_chat_completion(s: ServerState, body: ChatCompletionRequest):
+async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
+                                 disconnected=None):
     s.check_model(body.model)
     messages = [m.as_template_input() for m in body.messages]
     so = s.policy.structured_outputs(body.structured_outputs)
@@ -86,7 +87,7 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest):
         if body.include_usage:
             yield {**chunk, "choices": [], "usage": total_usage(finals)}
 
-    return await respond(run, body.stream, chunks, whole)
+    return await respond(run, body.stream, chunks, whole, disconnected)
 
 
 def _delta(d: ChatDelta) -> dict:

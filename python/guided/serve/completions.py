@@ -11,7 +11,8 @@ from .state import ServerState, respond, usage
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
-async def create_completion(s: ServerState, body: CompletionRequest):
+async def create_completion(s: ServerState, body: CompletionRequest,
+                            disconnected=None):
     s.check_model(body.model)
     body.check()
     so = s.policy.structured_outputs(body.structured_outputs)
@@ -69,4 +70,4 @@ async def create_completion(s: ServerState, body: CompletionRequest):
         if body.include_usage:
             yield {**head, "choices": [], "usage": total_usage(finals)}
 
-    return await respond(run, body.stream, chunks, whole)
+    return await respond(run, body.stream, chunks, whole, disconnected)

@@ -2,10 +2,11 @@
 and the checks that every endpoint applies the same way."""
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi.responses import StreamingResponse
 
@@ -78,9 +79,11 @@ class ServerState:
 
 
 async def respond(run: Run, stream: bool, chunks: Callable[[], AsyncIterator[dict]],
-                  whole: Callable[[list], dict]):
+                  whole: Callable[[list], dict],
+                  disconnected: Callable[[], Awaitable[bool]] | None = None):
     """Server-sent events or one JSON body; either way the run is closed (and
-    what is left of it aborted) when the response ends or the client leaves."""
+    what is left of it aborted) when the response ends or the client leaves
+    (``disconnected`` tells, for a client waiting for one JSON body)."""
     if stream:
         async def body():
             try:
@@ -91,10 +94,25 @@ async def respond(run: Run, stream: bool, chunks: Callable[[], AsyncIterator[dic
                 await run.close()
         return StreamingResponse(body(), media_type="text/event-stream")
     try:
-        outs = await run.finals()
+        outs = await _unless_gone(run.finals(), disconnected)
     finally:
         await run.close()
     return whole(outs)
+
+
+async def _unless_gone(work: Awaitable, disconnected, every: float = 0.5):
+    """``work``'s result, or a 499 once the client has gone (no one reads it)."""
+    task = asyncio.ensure_future(work)
+    if disconnected is None:
+        return await task
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=every)
+        if done:
+            return task.result()
+        if await disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise APIError(499, "the client closed the request")
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
