@@ -54,6 +54,7 @@ class Run:
     choices: list[_Choice] = field(default_factory=list)
     ttft: float | None = None
     _held: int = 0
+    _pumps: list = field(default_factory=list)
 
     async def open(self, jobs: list[Job]) -> None:
         """Admit every job or none: raises APIError (400 refused, 503 full)."""
@@ -102,8 +103,8 @@ class Run:
             finally:
                 await queue.put((i, None))
 
-        tasks = [asyncio.create_task(pump(i, c)) for i, c in enumerate(self.choices)]
-        live = len(tasks)
+        self._pumps = [asyncio.create_task(pump(i, c)) for i, c in enumerate(self.choices)]
+        live = len(self._pumps)
         try:
             while live:
                 i, update = await queue.get()
@@ -113,10 +114,16 @@ class Run:
                 self._observe(i, update)
                 yield i, update
         finally:
-            for t in tasks:
-                t.cancel()
-            # Wait for them, so that close() finds no stream still running.
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_pumps()
+
+    async def _stop_pumps(self) -> None:
+        """Cancel and wait for the pumps, so that no stream is still being
+        read when close() ends them (a consumer that stopped early may leave
+        its generator to the garbage collector)."""
+        pumps, self._pumps = self._pumps, []
+        for t in pumps:
+            t.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
     async def finals(self) -> list[RequestOutput]:
         async for _ in self.updates():
@@ -134,6 +141,7 @@ class Run:
 
     async def close(self, status: int = 200) -> None:
         """Abort what is still running, free admission, and log the request."""
+        await self._stop_pumps()
         for c in self.choices:
             await c.stream.aclose()
         self.admission.release(self._held)
