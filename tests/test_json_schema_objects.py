@@ -1,0 +1,35 @@
+"""guided.grammar.json_schema.objects: propertyNames and min/maxProperties rewrites."""
+from __future__ import annotations
+
+import pytest
+
+from guided.grammar.json_schema import sanitize_json_schema
+
+from json_schema_check import rewritten_valid, valid
+
+OBJECTS = [{}, {"a": 1}, {"b": 1}, {"c": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 2},
+           {"a": 1, "b": 2, "c": 3}, {"bb": 1}, {"z": 0}]
+PROPS = {"a": {}, "b": {}, "c": {}}
+
+CASES = [
+    ({"type": "object", "properties": PROPS, "additionalProperties": False, "minProperties": 2}, True),
+    ({"type": "object", "properties": PROPS, "additionalProperties": False, "maxProperties": 1}, True),
+    ({"type": "object", "properties": PROPS, "required": ["a"], "additionalProperties": False,
+      "maxProperties": 2}, True),
+    ({"type": "object", "properties": PROPS, "maxProperties": 1}, False),
+    ({"type": "object", "propertyNames": {"enum": ["a", "b"]}}, True),
+    ({"type": "object", "propertyNames": {"const": "c"}}, True),
+    ({"type": "object", "properties": {"a": {}, "bb": {}}, "additionalProperties": False,
+      "propertyNames": {"maxLength": 1}}, True),
+]
+
+
+@pytest.mark.parametrize("schema,exact", CASES)
+def test_object_rewrites(schema, exact):
+    out, _ = sanitize_json_schema(schema)
+    for x in OBJECTS:
+        got, want = rewritten_valid(out, x), valid(schema, x)
+        if got:
+            assert want, (out, x)
+        elif exact:
+            assert not want, (out, x)
