@@ -8,6 +8,7 @@ from typing import Any
 from .algebra import all_of, any_of, as_schema
 from .analysis import Analysis
 from .arrays import ArrayRewrites
+from .checks import check_keywords
 from .complement import Complement
 from .flatten import Flatten
 from .formats import FORMAT_ALIASES, FORMAT_PATTERNS, KNOWN_FORMATS, REFERENCE_FORMATS, RELATIVE_REF
@@ -94,6 +95,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
                 continue  # not a keyword in this draft: validators ignore it
             out[k] = v
         node = out
+        check_keywords(node, path)
         if draft == 4:
             for kw, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
                 if isinstance(node.get(kw), bool):
