@@ -32,11 +32,11 @@ def test_pointer_anchor_and_id_targets():
 
 
 def test_every_reference_goes_through_one_defs_table():
-    schema = {"type": "object", "properties": {"a": {"$ref": "#/definitions/n"},
-                                               "b": {"$ref": "#/definitions/n"}},
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/definitions/n"}},
+              "additionalProperties": {"$ref": "#/definitions/n"},
               "definitions": {"n": {"type": "integer"}}}
     out, _ = sanitize_json_schema(schema)
-    assert out["properties"]["a"] == out["properties"]["b"] == {"$ref": "#/$defs/r0"}
+    assert out["properties"]["a"] == out["additionalProperties"] == {"$ref": "#/$defs/r0"}
     assert out["$defs"] == {"r0": {"type": "integer"}}
 
 

@@ -14,6 +14,7 @@ from .flatten import Flatten
 from .formats import FORMAT_ALIASES, FORMAT_PATTERNS, KNOWN_FORMATS, REFERENCE_FORMATS, RELATIVE_REF
 from .objects import ObjectRewrites
 from .one_of import OneOfRewrite
+from .property_order import PropertyOrder, frozen_defs
 from .refs import ROOT_URI, Ctx, Refs, Unsupported, pointer_escape
 from .vocabulary import ANNOTATIONS, KW_SINCE, TYPES
 
@@ -30,7 +31,8 @@ def sanitize_json_schema(schema: dict | bool) -> tuple[dict | bool, list[str]]:
     return out, s.notes
 
 
-class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOfRewrite, Flatten):
+class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOfRewrite, Flatten,
+                PropertyOrder):
     """One schema's rewrite; each base class holds one concern (see its module)."""
 
     def __init__(self, root: Any):
@@ -62,6 +64,11 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             for name in [n for n in self.defs if n not in done]:
                 done.add(name)
                 self.defs[name] = self._push_types(self.defs[name])
+        frozen = frozen_defs(out, self.defs)
+        out = self._any_order(out)
+        for name in list(self.defs):
+            if name not in frozen:
+                self.defs[name] = self._any_order(self.defs[name])
         if isinstance(out, dict) and self.defs:
             out = dict(out)
             out["$defs"] = self.defs
