@@ -9,7 +9,7 @@ from .algebra import any_of, type_set
 
 
 class Flatten:
-    """``_push_types`` and ``_simplify`` for the Sanitizer."""
+    """``_push_types``, ``_simplify`` and ``_inline_false_refs`` for the Sanitizer."""
 
     def _push_types(self, node: Any) -> Any:
         """{"type": T, "anyOf": [{"$ref": X}, ...]} → {"anyOf": [{"$ref": X∧T}, ...]} with X∧T a
@@ -62,3 +62,18 @@ class Flatten:
                 return node
             keep.append(o)
         return any_of(keep) if keep else False
+
+    def _inline_false_refs(self, node: Any) -> Any:
+        """{"$ref": X} with X false becomes false: llguidance refuses a reference to an
+        unsatisfiable definition even where the schema may leave it out (an optional
+        property), and false there means the same."""
+        if isinstance(node, list):
+            return [self._inline_false_refs(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            if self.defs.get(ref[len("#/$defs/"):], True) is False:
+                return False
+        return {k: (v if k in ("enum", "const") else self._inline_false_refs(v))
+                for k, v in node.items()}

@@ -5,13 +5,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .algebra import all_of, any_of, as_schema
+from .algebra import all_of, any_of, as_schema, type_set
 from .analysis import Analysis
 from .arrays import ArrayRewrites
 from .checks import check_keywords
 from .complement import Complement
 from .flatten import Flatten
 from .formats import FORMAT_ALIASES, FORMAT_PATTERNS, KNOWN_FORMATS, REFERENCE_FORMATS, RELATIVE_REF
+from .lookaround import rewrite_pattern
 from .objects import ObjectRewrites
 from .one_of import OneOfRewrite
 from .property_order import PropertyOrder, frozen_defs
@@ -64,6 +65,9 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             for name in [n for n in self.defs if n not in done]:
                 done.add(name)
                 self.defs[name] = self._push_types(self.defs[name])
+        if any(d is False for d in self.defs.values()):
+            out = self._inline_false_refs(out)
+            self.defs = {n: self._inline_false_refs(d) for n, d in self.defs.items()}
         frozen = frozen_defs(out, self.defs)
         out = self._any_order(out)
         for name in list(self.defs):
@@ -167,6 +171,20 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             else:
                 self.note(path, f"format {fmt!r} dropped (not a JSON Schema format: validators "
                                 "do not assert it)")
+
+        if isinstance(node.get("pattern"), str):
+            parts = rewrite_pattern(node["pattern"])
+            if parts is False:
+                # no string matches: only the schema's other types remain
+                self.note(path, "pattern matches no string (an anchor that cannot hold)")
+                del node["pattern"]
+                types = type_set(node.get("type", list(TYPES))) - {"string"}
+                if not types:
+                    return False
+                node["type"] = [t for t in TYPES if t in types]
+            elif parts:
+                node["pattern"] = parts[0]
+                extra.extend({"pattern": p} for p in parts[1:])
 
         if node.get("uniqueItems") is not True:
             node.pop("uniqueItems", None)
