@@ -1,12 +1,51 @@
-"""Array keywords llguidance refuses: uniqueItems and contains."""
+"""Array keywords llguidance refuses: uniqueItems and contains.
+
+uniqueItems is exact where the items take a few literal values (the arrays of distinct values
+are listed) or one value (at most one item); elsewhere arrays are limited to one item.
+"""
 from __future__ import annotations
 
+import itertools
+import math
 
-from .algebra import all_of, as_schema
+from .algebra import all_of, as_schema, canon, json_type, type_set
+
+MAX_UNIQUE_ARRAYS = 512  # arrays of distinct literal values listed for one uniqueItems
 
 
 class ArrayRewrites:
     """Rewrites of uniqueItems/contains for the Sanitizer."""
+
+    def _unique_literal_items(self, node: dict) -> bool:
+        """uniqueItems over items with a few literal values: node becomes the enum of every
+        array of distinct values whose length minItems/maxItems allow (exact)."""
+        if "items" not in node or set(node) - {"type", "items", "minItems", "maxItems"}:
+            return False
+        if "type" not in node or type_set(node["type"]) != {"array"}:
+            return False
+        items = self.deref(node["items"], 0)
+        if not isinstance(items, dict) or set(items) - {"type", "enum", "const"}:
+            return False
+        if "const" in items and "enum" in items:
+            return False
+        values = [items["const"]] if "const" in items else items.get("enum")
+        if not isinstance(values, list):
+            return False
+        if "type" in items:
+            values = [v for v in values if json_type(v) in type_set(items["type"])]
+        seen: dict = {}
+        for v in values:
+            seen.setdefault(canon(v), v)
+        distinct = list(seen.values())
+        lo = int(node.get("minItems", 0))
+        hi = min(int(node.get("maxItems", len(distinct))), len(distinct))
+        count = sum(math.perm(len(distinct), n) for n in range(lo, hi + 1))
+        if not 0 < count <= MAX_UNIQUE_ARRAYS:
+            return False
+        arrays = [list(p) for n in range(lo, hi + 1) for p in itertools.permutations(distinct, n)]
+        node.clear()
+        node["enum"] = arrays
+        return True
 
     def _single_valued_items(self, node: dict) -> bool:
         items = node.get("items")

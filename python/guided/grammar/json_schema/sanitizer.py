@@ -190,7 +190,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             node.pop("uniqueItems", None)
         else:
             del node["uniqueItems"]
-            if not self._single_valued_items(node):
+            if not (self._unique_literal_items(node) or self._single_valued_items(node)):
                 mx = node.get("maxItems")
                 if not (isinstance(mx, (int, float)) and mx <= 1):
                     node["maxItems"] = 1
