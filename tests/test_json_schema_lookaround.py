@@ -57,3 +57,11 @@ def test_lookahead_schema_through_the_grammar(tok):
         assert accepts(tok, schema, text) == valid(schema, s), s
     out, _ = sanitize_json_schema(schema)
     assert rewritten_valid(out, "org.bukkit") and not rewritten_valid(out, "org.bukkit.a")
+
+
+def test_literal_names():
+    from guided.grammar.json_schema.lookaround import literal_names
+    assert literal_names("^(relationships|links)$") == ["relationships", "links"]
+    assert literal_names(r"^(?:a|b\.c)$") == ["a", "b.c"]
+    assert literal_names("^a|b$") is None  # (^a)|(b$)
+    assert literal_names(r"^\w$") is None and literal_names("^a") is None

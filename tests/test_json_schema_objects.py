@@ -33,3 +33,13 @@ def test_object_rewrites(schema, exact):
             assert want, (out, x)
         elif exact:
             assert not want, (out, x)
+
+
+def test_literal_pattern_properties_become_listed_properties():
+    schema = {"type": "object", "patternProperties": {r"^\w+$": {"type": "object"},
+                                                      "^(links|meta)$": {"required": ["x"]}}}
+    out, _ = sanitize_json_schema(schema)
+    assert "^(links|meta)$" not in str(out)
+    for x in [{"links": {"x": 1}}, {"links": {}}, {"links": 1}, {"meta": {"x": 0}, "k": {}},
+              {"k": 1}, {"links-x": {}}]:
+        assert rewritten_valid(out, x) == valid(schema, x), x

@@ -35,6 +35,26 @@ def _literal(rx: str) -> str | None:
     return "".join(out)
 
 
+def literal_names(pattern: str) -> list[str] | None:
+    """The names an anchored pattern of literal alternatives matches (``^a$``, ``^(a|b)$``,
+    ``^(?:a|b)$``), else None."""
+    if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
+        return None
+    body = pattern[1:-1]
+    grouped = False
+    for opener in ("(?:", "("):
+        if body.startswith(opener) and body.endswith(")"):
+            inner = body[len(opener):-1]
+            if "(" not in inner and ")" not in inner:
+                body, grouped = inner, True
+            break
+    alts = top_level_alternatives(body)
+    if alts is None or (len(alts) > 1 and not grouped):
+        return None  # ^a|b$ is (^a)|(b$)
+    names = [_literal(a) for a in alts]
+    return None if any(n is None for n in names) else names
+
+
 def _class_char(ch: str) -> str:
     return "\\" + ch if ch in "]\\^-[" else ch
 

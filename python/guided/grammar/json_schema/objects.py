@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from .algebra import any_of
+from .algebra import all_of, any_of
+from .lookaround import literal_names
 
 
 MAX_COMBINATIONS = 64  # branches one min/maxProperties rewrite may add
@@ -99,3 +100,23 @@ class ObjectRewrites:
                 node.pop("patternProperties", None)
                 node.pop("maxProperties")
                 self.note(path, f"maxProperties: only {sorted(node['properties'])} allowed (narrower)")
+
+    def _literal_pattern_properties(self, node: dict) -> None:
+        """A patternProperties entry whose pattern matches a few literal names (``^(a|b)$``)
+        becomes properties entries: the same keys with the same schema (llguidance refuses
+        overlapping patterns, and intersects a listed property with the patterns it matches)."""
+        pats = node.get("patternProperties")
+        if not isinstance(pats, dict):
+            return
+        props = dict(node.get("properties") or {})
+        for pattern, schema in list(pats.items()):
+            names = literal_names(pattern)
+            if names is None:
+                continue
+            for n in names:
+                props[n] = schema if n not in props else all_of([props[n], schema])
+            del pats[pattern]
+        if props:
+            node["properties"] = props
+        if not pats:
+            del node["patternProperties"]

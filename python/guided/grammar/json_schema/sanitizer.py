@@ -257,6 +257,8 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
                     node.setdefault(key, ui)
                     self.note(path, "unevaluatedItems treated as items")
 
+        self._literal_pattern_properties(node)
+
         if "propertyNames" in node:
             self._rewrite_property_names(node, path)
 
