@@ -28,13 +28,22 @@ through always validates against the client's schema.
   ``dependentRequired`` and ``dependentSchemas`` become ``¬has(p) ∨ (...)``.
 * ``contains`` is exact when every allowed item satisfies it (then it only
   means ``minItems ≥ 1``); otherwise the first item must satisfy it (subset).
-* ``uniqueItems: true`` keeps exactly-one-value arrays exact and otherwise
-  caps the array at one item (subset; a note is logged).
+* ``uniqueItems: true`` is exact over items with a few literal values (every
+  array of distinct values is listed) or one value; otherwise it caps the
+  array at one item (subset; a note is logged).
 * ``minProperties``/``maxProperties`` that llguidance cannot handle are
   rewritten when exact (enough required or listed properties) or narrowed.
 * ``unevaluatedProperties: false`` becomes ``additionalProperties: false``
   (subset), ``propertyNames`` is applied to the listed properties when no
-  other property may appear.
+  other property may appear; ``patternProperties`` of literal names
+  (``^(a|b)$``) become listed properties.
+* Property order: llguidance takes listed properties in the schema's order
+  only; optional ones become literal ``patternProperties`` (any order) and
+  required ones an anyOf of a few orders (property_order.py), exactly.
+* Lookaround patterns: ``^(?!literal)rest`` becomes two patterns; an anchor
+  that cannot hold (``/^...$/``) means no string matches (lookaround.py).
+* A keyword whose value has the wrong JSON type is a ValueError naming the
+  keyword and its path (checks.py).
 
 Every dropped or narrowed constraint is logged (logger ``guided.grammar``) and
 listed by ``sanitize_json_schema``.
