@@ -43,3 +43,14 @@ def test_literal_pattern_properties_become_listed_properties():
     for x in [{"links": {"x": 1}}, {"links": {}}, {"links": 1}, {"meta": {"x": 0}, "k": {}},
               {"k": 1}, {"links-x": {}}]:
         assert rewritten_valid(out, x) == valid(schema, x), x
+
+
+def test_one_property_dependency_splits_into_two_plain_objects():
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+              "type": "object", "properties": {"a": {"type": "integer"}, "b": {}, "c": {}},
+              "required": ["a"], "dependencies": {"b": ["c"]}}
+    out, _ = sanitize_json_schema(schema)
+    assert "allOf" not in str(out)
+    for x in [{"a": 1}, {"a": 1, "b": 0}, {"a": 1, "b": 0, "c": 0}, {"b": 0, "c": 0, "a": 1},
+              {"a": "x", "c": 0}, {"c": 0}, {"a": 1, "c": 0, "d": 2}]:
+        assert rewritten_valid(out, x) == valid(schema, x), x

@@ -120,3 +120,26 @@ class ObjectRewrites:
             node["properties"] = props
         if not pats:
             del node["patternProperties"]
+
+    def _split_dependency(self, node: dict, extra: list) -> dict | None:
+        """An object whose one extra conjunct is a property dependency, anyOf [{"properties":
+        {p: false}}, {"required": [p, ...]}], as an anyOf of two plain objects: the node with
+        p forbidden and the node with the names required (exact; keeps the object out of an
+        intersection, where its properties could not be reordered)."""
+        if len(extra) != 1 or any(k in node for k in ("allOf", "anyOf", "oneOf", "$ref", "not")):
+            return None
+        opts = extra[0].get("anyOf") if isinstance(extra[0], dict) and len(extra[0]) == 1 else None
+        if not (isinstance(opts, list) and len(opts) == 2):
+            return None
+        absent, present = opts
+        if not (isinstance(absent, dict) and set(absent) == {"properties"}
+                and len(absent["properties"]) == 1 and isinstance(present, dict)
+                and set(present) == {"required"}):
+            return None
+        (prop, schema), = absent["properties"].items()
+        if schema is not False:
+            return None
+        without = {**node, "properties": {**(node.get("properties") or {}), prop: False}}
+        required = list(node.get("required") or [])
+        required += [r for r in present["required"] if r not in required]
+        return {"anyOf": [without, {**node, "required": required}]}

@@ -274,6 +274,9 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             extra = [e for e in extra if e != {}]
             if not extra:
                 return node
+            split = self._split_dependency(node, extra)
+            if split is not None:
+                return split
             # keep the rewritten schema flat: llguidance refuses recursive refs under an
             # intersection ("circular references with sibling keys")
             if not node and len(extra) == 1:
