@@ -28,7 +28,10 @@ MAX_PERMUTED = 2    # every order of up to this many listed properties (3! = 6 v
                     # tripled the median compile time for one more bench schema)
 MAX_COPIED = 100_000 # characters of property schemas one object's variants may repeat
 MAX_GROWTH = 24_000  # characters all the variants of one schema may add (llguidance's size limit)
-MAX_PATTERNS = 40   # literal patterns per object (they all go into one lexer)
+# Optional properties as literal patternProperties: off. llguidance lets a pattern key repeat,
+# and a small model then writes the same keys again and again until max_tokens (seen in
+# tests/test_structured.py: {"a":1,"b":2,"a":1,...} cut by the length limit).
+MAX_PATTERNS = 0
 _REF = "#/$defs/"
 _SIBLING_READERS = ("allOf", "anyOf", "oneOf", "$ref", "not", "if",
                     "dependentSchemas", "dependentRequired", "dependencies", "propertyNames",
@@ -101,8 +104,13 @@ def _orders(names: list[str], required: list[str]):
     if len(names) <= MAX_PERMUTED:
         yield [list(p) for p in itertools.permutations(names)]
     first = [r for r in required if r in names]
-    second = first + [n for n in names if n not in first]
-    yield [names] if second == names else [names, second]
+    rest = [n for n in names if n not in first]
+    orders = [names]
+    heads = itertools.permutations(first) if len(first) <= MAX_PERMUTED else [first]
+    for head in heads:  # the required ones first, in each order (or in required's)
+        if list(head) + rest not in orders:
+            orders.append(list(head) + rest)
+    yield orders
     yield [names]
 
 
