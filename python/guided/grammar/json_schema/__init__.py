@@ -38,8 +38,8 @@ through always validates against the client's schema.
   other property may appear; ``patternProperties`` of literal names
   (``^(a|b)$``) become listed properties.
 * Property order: llguidance takes listed properties in the schema's order
-  only; optional ones become literal ``patternProperties`` (any order) and
-  required ones an anyOf of a few orders (property_order.py), exactly.
+  only; an object becomes an anyOf of a few orders (the required properties
+  first, in each order), exactly (property_order.py).
 * Lookaround patterns: ``^(?!literal)rest`` becomes two patterns; an anchor
   that cannot hold (``/^...$/``) means no string matches (lookaround.py).
 * A keyword whose value has the wrong JSON type is a ValueError naming the

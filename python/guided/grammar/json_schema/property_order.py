@@ -1,21 +1,17 @@
 """Property order: llguidance accepts an object's listed properties only in the order of
-``properties`` (and other keys after them); JSON Schema allows any order. Exact constructions
-that accept more orders:
+``properties`` (and other keys after them); JSON Schema allows any order. The object becomes
+an anyOf of itself with its properties in a few orders: the schema's, and the required ones
+first in each order (up to MAX_PERMUTED of them, else in the order of ``required``).
 
-* optional properties (up to MAX_PATTERNS, names that no patternProperties entry matches)
-  become ``patternProperties`` with one literal pattern each (``^name$``): the same keys
-  with the same schemas, taken in any order after the listed ones;
-* the properties that stay listed (required ones) are an anyOf of the object with them
-  in several orders: every order of up to MAX_PERMUTED, else the schema's order and the
-  order of ``required``; the schema's own order stays one of the variants, so an optional
-  property before a required one is still taken where the schema puts it.
+Every variant has the same keywords with the same meaning and lists each key once, so the
+union accepts exactly the instances the object accepts; only the order of keys in the text
+differs. What stays out: other orders of optional keys, an unlisted key before a listed one,
+and objects under an intersection (allOf, or anyOf/oneOf/$ref beside other keywords), where
+llguidance merges the parts. The variants copy the property schemas, so the growth of one
+schema is bounded (MAX_GROWTH).
 
-Every variant has the same keywords with the same meaning, so the union accepts exactly the
-instances the object accepts; only the order of keys in the text differs. What stays out:
-an optional key before a required one in another order than the schema's, an unlisted key
-before a listed one, and objects under an intersection (allOf, or anyOf/oneOf/$ref beside
-other keywords), where llguidance merges patternProperties differently from JSON Schema.
-The variants copy the property schemas, so the growth of one schema is bounded (MAX_GROWTH).
+The code can also move optional properties into literal ``patternProperties`` (any order);
+MAX_PATTERNS = 0 keeps that off, see there.
 """
 from __future__ import annotations
 
@@ -28,7 +24,10 @@ MAX_PERMUTED = 2    # every order of up to this many listed properties (3! = 6 v
                     # tripled the median compile time for one more bench schema)
 MAX_COPIED = 100_000 # characters of property schemas one object's variants may repeat
 MAX_GROWTH = 24_000  # characters all the variants of one schema may add (llguidance's size limit)
-MAX_PATTERNS = 40   # literal patterns per object (they all go into one lexer)
+# Optional properties as literal patternProperties: off. llguidance lets a pattern key repeat,
+# and a small model then writes the same keys again and again until max_tokens (seen in
+# tests/test_structured.py: {"a":1,"b":2,"a":1,...} cut by the length limit).
+MAX_PATTERNS = 0
 _REF = "#/$defs/"
 _SIBLING_READERS = ("allOf", "anyOf", "oneOf", "$ref", "not", "if",
                     "dependentSchemas", "dependentRequired", "dependencies", "propertyNames",
@@ -101,8 +100,13 @@ def _orders(names: list[str], required: list[str]):
     if len(names) <= MAX_PERMUTED:
         yield [list(p) for p in itertools.permutations(names)]
     first = [r for r in required if r in names]
-    second = first + [n for n in names if n not in first]
-    yield [names] if second == names else [names, second]
+    rest = [n for n in names if n not in first]
+    orders = [names]
+    heads = itertools.permutations(first) if len(first) <= MAX_PERMUTED else [first]
+    for head in heads:  # the required ones first, in each order (or in required's)
+        if list(head) + rest not in orders:
+            orders.append(list(head) + rest)
+    yield orders
     yield [names]
 
 
