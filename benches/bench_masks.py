@@ -237,7 +237,7 @@ def walk_guided_scheduler(s: Setup, kind: str, batch: int) -> list[float]:
             t = w[pos[sid]] if pos[sid] < len(w) else s.end_ids[0]
             lg[i, t] = 1.0
             picks.append(t)
-        toks, _ = sched.sample(lg)
+        toks, _, _ = sched.sample(lg)
         for i, t in enumerate(picks):
             lg[i, t] = 0.0
         dt = sched.stats()["mask_time_us"] - before

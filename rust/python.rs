@@ -10,8 +10,10 @@ use crate::python_grammar::PyGrammar;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::RequestParams;
 
-/// (tokens, logprobs)
-type Draws<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>);
+/// Per row: None, or (the token's logprob, [(token, logprob)] most likely first).
+type RowLogprobs = Option<(f32, Vec<(u32, f32)>)>;
+/// (tokens, logprobs, per-row logprobs for rows that asked for them)
+type Draws<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, Vec<RowLogprobs>);
 /// (seq_id, token, finish_reason, num_cached_tokens, forced_tokens, error)
 type Event = (u64, i64, Option<&'static str>, usize, Vec<u32>, Option<String>);
 
@@ -58,7 +60,7 @@ impl PyScheduler {
                         frequency_penalty = 0.0, repetition_penalty = 1.0,
                         stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0,
                         logit_bias = Vec::new(), grammar = None, fast_forward = true,
-                        close_on_length = false))]
+                        close_on_length = false, logprobs = None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
@@ -80,6 +82,7 @@ impl PyScheduler {
         grammar: Option<PyRef<'_, PyGrammar>>,
         fast_forward: bool,
         close_on_length: bool,
+        logprobs: Option<i64>,
     ) -> PyResult<Vec<u32>> {
         let req = RequestParams {
             max_tokens,
@@ -95,6 +98,7 @@ impl PyScheduler {
             ignore_eos,
             min_tokens,
             logit_bias,
+            logprobs,
         };
         let grammar = grammar.as_ref().map(|g| &g.inner);
         self.inner.add_constrained(seq_id, &prompt_token_ids, &req, grammar, fast_forward, close_on_length).map_err(to_py)
@@ -130,7 +134,8 @@ impl PyScheduler {
         let out = py.detach(|| inner.sample(flat, rows, vocab, mask)).map_err(to_py)?;
         let tokens: Vec<i64> = out.iter().map(|s| s.token).collect();
         let logprobs: Vec<f32> = out.iter().map(|s| s.logprob).collect();
-        Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py)))
+        let tops = out.into_iter().map(|s| s.top.map(|t| (t.logprob, t.top))).collect();
+        Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py), tops))
     }
 
     fn update(&mut self, py: Python<'_>, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<Event>> {

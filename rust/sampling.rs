@@ -31,6 +31,9 @@ pub struct SamplingParams {
     /// (token, bias) added to the logits before temperature; tokens outside
     /// the vocabulary are ignored.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Report log-probabilities with this many top alternatives per token
+    /// (see [`top_logprobs`]); None: report none.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -44,6 +47,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logit_bias: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -90,14 +94,17 @@ pub struct Row<'a> {
     pub banned: &'a [u32],
 }
 
-/// One draw: the token (-1 when nothing is allowed) and its log-probability.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// One draw: the token (-1 when nothing is allowed) and its log-probability
+/// under the distribution it was drawn from (after temperature and filters).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: i64,
     pub logprob: f32,
+    /// For rows whose params ask for logprobs ([`top_logprobs`]).
+    pub top: Option<TopLogprobs>,
 }
 
-const NOTHING: Sampled = Sampled { token: -1, logprob: f32::NEG_INFINITY };
+const NOTHING: Sampled = Sampled { token: -1, logprob: f32::NEG_INFINITY, top: None };
 
 /// Sample one token per row. `logits` is `rows.len() × vocab`, row-major;
 /// `mask`, when given, is `rows.len() × mask_words` int32 words, where bit j
@@ -141,20 +148,18 @@ pub fn sample_rows(
 }
 
 pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut SeqRng) -> Sampled {
-    let mut x = logits.to_vec();
-    sanitize(&mut x);
-    let p = row.params;
-    apply_repetition_penalty(&mut x, row.prompt, row.output, p.repetition_penalty);
-    apply_frequency_presence(&mut x, row.output, p.frequency_penalty, p.presence_penalty);
-    for &(t, b) in &p.logit_bias {
-        if let Some(v) = x.get_mut(t as usize) {
-            *v += b;
-        }
+    let x = processed(logits, mask, row);
+    let Some(n) = row.params.logprobs else {
+        return draw(x, row.params, rng);
+    };
+    let mut s = draw(x.clone(), row.params, rng);
+    if let Ok(token) = u32::try_from(s.token) {
+        s.top = top_logprobs(&x, token, n);
     }
-    ban(&mut x, row.banned);
-    if let Some(words) = mask {
-        apply_mask(&mut x, words);
-    }
+    s
+}
+
+fn draw(mut x: Vec<f32>, p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
     let max = max_of(&x);
     if !usable(max) {
         return NOTHING;
@@ -162,7 +167,7 @@ pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut
     if p.is_greedy() {
         // First index of the max, like torch.argmax.
         let best = x.iter().position(|&v| v == max).expect("max is in the row");
-        return Sampled { token: best as i64, logprob: -(sum_exp(&x, max).ln() as f32) };
+        return Sampled { token: best as i64, logprob: -(sum_exp(&x, max).ln() as f32), top: None };
     }
     // Shift by the max before scaling so a tiny temperature cannot overflow;
     // from here on the best logit is 0.
@@ -177,6 +182,57 @@ pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut
         }
         draw_dense(&mut x, rng)
     }
+}
+
+/// The logits after penalties, logit bias, banned tokens and the mask:
+/// what temperature and the top-k/p/min-p filters then work on.
+fn processed(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>) -> Vec<f32> {
+    let mut x = logits.to_vec();
+    sanitize(&mut x);
+    let p = row.params;
+    apply_repetition_penalty(&mut x, row.prompt, row.output, p.repetition_penalty);
+    apply_frequency_presence(&mut x, row.output, p.frequency_penalty, p.presence_penalty);
+    for &(t, b) in &p.logit_bias {
+        if let Some(v) = x.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    ban(&mut x, row.banned);
+    if let Some(words) = mask {
+        apply_mask(&mut x, words);
+    }
+    x
+}
+
+/// A token's log-probability and the `n` most likely tokens with theirs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprobs {
+    pub logprob: f32,
+    /// Most likely first; ties by lower token id. Disallowed tokens never
+    /// appear, so fewer than `n` where the mask allows fewer.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities as a client reads them (OpenAI's `logprobs`): under the
+/// distribution of the [`processed`] logits `x`, i.e. after penalties, logit
+/// bias and the grammar mask, before temperature and the top-k/p/min-p
+/// filters. Greedy decoding therefore always picks the first of `top`.
+/// None when the row allows nothing.
+fn top_logprobs(x: &[f32], token: u32, n: usize) -> Option<TopLogprobs> {
+    let max = max_of(&x);
+    if !usable(max) {
+        return None;
+    }
+    let lse = max + sum_exp(&x, max).ln() as f32;
+    let lp = |t: u32| x.get(t as usize).map_or(f32::NEG_INFINITY, |&v| v - lse);
+    let mut cands: Vec<(f32, u32)> = x.iter().enumerate().filter(|(_, v)| usable(**v)).map(|(i, &v)| (v, i as u32)).collect();
+    let n = n.min(cands.len());
+    if n > 0 && n < cands.len() {
+        cands.select_nth_unstable_by(n - 1, better);
+    }
+    cands.truncate(n);
+    cands.sort_unstable_by(better);
+    Some(TopLogprobs { logprob: lp(token), top: cands.into_iter().map(|(_, t)| (t, lp(t))).collect() })
 }
 
 /// NaN never wins and is never drawn; +inf becomes the largest finite value
@@ -324,7 +380,7 @@ fn draw_dense(x: &mut [f32], rng: &mut SeqRng) -> Sampled {
     }
     // Rounding can leave the target past the end: take the last token with weight.
     let pick = pick.or_else(|| x.iter().rposition(|&w| w > 0.0)).expect("the max has weight 1");
-    Sampled { token: pick as i64, logprob: (f64::from(x[pick]) / total).ln() as f32 }
+    Sampled { token: pick as i64, logprob: (f64::from(x[pick]) / total).ln() as f32, top: None }
 }
 
 fn pick_in(weights: &[f32], target: f64) -> Option<usize> {
@@ -363,7 +419,7 @@ fn draw_filtered(x: &[f32], p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
             break;
         }
     }
-    Sampled { token: i64::from(cands[pick].1), logprob: (weights[pick] / total).ln() as f32 }
+    Sampled { token: i64::from(cands[pick].1), logprob: (weights[pick] / total).ln() as f32, top: None }
 }
 
 // Top-k and top-p need the best candidates in order, but sorting a whole
@@ -682,6 +738,24 @@ mod tests {
             .sum();
         // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
         assert!(chi2 < 16.27, "chi2 = {chi2}, counts {h:?}");
+    }
+
+    #[test]
+    fn top_logprobs_follow_the_masked_distribution() {
+        let logits = [1.0, 3.0, 2.0, 0.5];
+        let p = SamplingParams { logprobs: Some(2), ..params(0.0) };
+        let mask = [0b1101]; // token 1, the overall best, is disallowed
+        let s = one(&logits, &p, Some(&mask), 0);
+        assert_eq!(s.token, 2);
+        let t = s.top.expect("asked for logprobs");
+        let lse = (1f32.exp() + 2f32.exp() + 0.5f32.exp()).ln();
+        assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 0]);
+        assert!((t.logprob - (2.0 - lse)).abs() < 1e-5 && (t.top[0].1 - t.logprob).abs() < 1e-7);
+        assert!((t.top[1].1 - (1.0 - lse)).abs() < 1e-5);
+        let wide = SamplingParams { logprobs: Some(20), ..params(1.0) };
+        let t = one(&logits, &wide, Some(&mask), 3).top.unwrap();
+        assert_eq!(t.top.len(), 3, "only allowed tokens are listed");
+        assert!(one(&logits, &params(0.0), None, 0).top.is_none());
     }
 
     #[test]

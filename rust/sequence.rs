@@ -63,7 +63,12 @@ pub struct RequestParams {
     pub min_tokens: i64,
     /// Added to the logits of these tokens (OpenAI's logit_bias).
     pub logit_bias: Vec<(i64, f64)>,
+    /// Report logprobs with this many top alternatives (0..=MAX_TOP_LOGPROBS).
+    pub logprobs: Option<i64>,
 }
+
+/// The most top alternatives a request may ask for per token (OpenAI's 20).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 impl Default for RequestParams {
     fn default() -> Self {
@@ -81,6 +86,7 @@ impl Default for RequestParams {
             ignore_eos: false,
             min_tokens: 0,
             logit_bias: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -104,6 +110,9 @@ impl RequestParams {
         if self.top_k < 0 {
             return Err(format!("top_k must be >= 0 (0 disables it), got {}", self.top_k));
         }
+        if let Some(n) = self.logprobs.filter(|n| !(0..=MAX_TOP_LOGPROBS).contains(n)) {
+            return Err(format!("logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}"));
+        }
         let sampling = SamplingParams {
             temperature: self.temperature as f32,
             top_p: self.top_p as f32,
@@ -113,6 +122,7 @@ impl RequestParams {
             frequency_penalty: self.frequency_penalty as f32,
             repetition_penalty: self.repetition_penalty as f32,
             logit_bias: self.logit_bias()?,
+            logprobs: self.logprobs.map(|n| n as usize),
         };
         sampling.validate()?;
         let stop = StopParams {
@@ -548,6 +558,8 @@ mod tests {
             RequestParams { stop_token_ids: vec![-3], ..ok.clone() },
             RequestParams { seed: Some(-1), ..ok.clone() },
             RequestParams { seed: Some(1 << 64), ..ok.clone() },
+            RequestParams { logprobs: Some(21), ..ok.clone() },
+            RequestParams { logprobs: Some(-1), ..ok.clone() },
         ];
         for r in bad {
             let err = r.validate().unwrap_err();

@@ -153,7 +153,8 @@ def test_cut_is_the_text_as_it_stood(llm):
     assert short.finish_reason == "length" and len(short.token_ids) == 20
     assert short.token_ids == long.token_ids[:20]
     assert not _parses(short.text)
-    closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
+    closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={
+        "json": schema, "on_length": "close"}))[0]
     assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
     value = json.loads(closed.text)
     _validator(schema).validate(value)
@@ -165,7 +166,8 @@ def test_cut_is_the_text_as_it_stood(llm):
 
 def test_a_schema_that_cannot_fit_fails_with_a_message(llm):
     schema = obj({f"property_number_{i}": {"type": "string", "minLength": 5} for i in range(8)})
-    out = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={"json": schema}))[0]
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={
+        "json": schema, "on_length": "close"}))[0]
     assert out.finish_reason == "error"
     assert "shortest output the grammar allows needs" in out.error and "30" in out.error, out.error
     ok = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={
@@ -185,11 +187,12 @@ def test_regex_and_lark_close_when_asked(llm):
         assert len(o.token_ids) <= 12
 
 
-def test_chat_response_format_closes_unless_cut(llm):
+def test_chat_response_format_closes_when_asked(llm):
     schema = OWN["long_strings"]
     rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
     msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
-    r = llm.chat(msgs, response_format=rf, sampling_params=SamplingParams(max_tokens=20))
+    r = llm.chat(msgs, response_format={**rf, "on_length": "close"},
+                 sampling_params=SamplingParams(max_tokens=20))
     assert r.finish_reason == "length"
     value = json.loads(r.content)
     _validator(schema).validate(value)

@@ -1,55 +1,25 @@
-"""python -m guided.serve answering the official openai client."""
+"""python -m guided.serve answering the official openai client: chat,
+completions, n, logprobs, structured outputs and the errors a user can hit."""
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
+import json
 import time
-import urllib.request
 
+import jsonschema
 import openai
 import pytest
 
+from live_server import get, metric, post, running_server
+
 API_KEY = "test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, key: str | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+SERVE_ARGS = ("--api-key", API_KEY, "--kv-cache-tokens", "16384", "--allow-constraint-api",
+              "--max-grammar-bytes", "20000")
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "guided.serve", "--port", str(port), "--api-key", API_KEY,
-         "--kv-cache-tokens", "16384", "--log-level", "warning"])
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}")
-        try:
-            if _get(base + "/health")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("server did not come up in 120 s")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(*SERVE_ARGS) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -57,26 +27,47 @@ def client(server):
     return openai.OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
 
 
-def _model(client) -> str:
+@pytest.fixture(scope="module")
+def model(client) -> str:
     return client.models.list().data[0].id
 
 
-def test_completion(client):
-    out = client.completions.create(model=_model(client), prompt="The capital of France is",
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+# -- 1. the basics ---------------------------------------------------------
+
+
+def test_models_and_health(server, client, model):
+    assert get(server + "/health")[0] == 200
+    assert [m.id for m in client.models.list().data] == [model]
+
+
+def test_completion(client, model):
+    out = client.completions.create(model=model, prompt="The capital of France is",
                                     max_tokens=5, temperature=0)
     assert out.choices[0].finish_reason == "length"
     assert out.usage.completion_tokens == 5
     assert out.choices[0].text.strip()
 
 
-def test_chat_and_stream_agree(client):
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    full = client.chat.completions.create(model=_model(client), messages=messages,
-                                          temperature=0, max_tokens=48)
+def test_completion_prompt_list_echo_and_n(client, model):
+    prompts = ["The capital of France is", "1, 2, 3,"]
+    one = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0)
+           .choices[0].text for p in prompts]
+    out = client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0,
+                                    n=2, echo=True)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [prompts[0] + one[0]] * 2 + [prompts[1] + one[1]] * 2
+    assert out.usage.completion_tokens == 24
+
+
+def test_chat_and_stream_agree(client, model):
+    full = client.chat.completions.create(model=model, messages=ASK, temperature=0, max_tokens=48)
     assert "Paris" in full.choices[0].message.content
     assert full.choices[0].finish_reason == "stop"
     chunks = list(client.chat.completions.create(
-        model=_model(client), messages=messages, temperature=0, max_tokens=48, stream=True,
+        model=model, messages=ASK, temperature=0, max_tokens=48, stream=True,
         stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -86,11 +77,123 @@ def test_chat_and_stream_agree(client):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_stop_string_in_stream(client):
-    chunks = client.completions.create(model=_model(client), prompt="1, 2, 3, 4, 5,",
-                                       max_tokens=20, temperature=0, stop=[" 8"], stream=True)
-    text = "".join(c.choices[0].text for c in chunks)
-    assert " 8" not in text and text.startswith(" 6")
+def test_n_choices_share_the_prompt_blocks(client, model):
+    long_ask = [{"role": "system", "content": "You are a helpful assistant. " * 12}, *ASK]
+    out = client.chat.completions.create(model=model, messages=long_ask, temperature=1.0, seed=7,
+                                         n=3, max_tokens=12)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.message.content is not None for c in out.choices)
+    assert len({c.message.content for c in out.choices}) > 1, "seeds differ per choice"
+    again = client.chat.completions.create(model=model, messages=long_ask, temperature=1.0, seed=7,
+                                           n=3, max_tokens=12)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in out.choices]
+    streamed = {}
+    for chunk in client.chat.completions.create(model=model, messages=long_ask, temperature=1.0,
+                                                seed=7, n=3, max_tokens=12, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    assert [streamed[i] for i in range(3)] == [c.message.content for c in out.choices]
+
+
+def test_logprobs_top1_is_the_greedy_token(client, model):
+    out = client.chat.completions.create(model=model, messages=ASK, temperature=0, max_tokens=16,
+                                         logprobs=True, top_logprobs=5)
+    entries = out.choices[0].logprobs.content
+    assert entries and "".join(e.token for e in entries) == out.choices[0].message.content
+    for e in entries:
+        assert len(e.top_logprobs) == 5
+        assert e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+        assert all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:]))
+        assert e.logprob <= 0 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+    streamed = [e for chunk in client.chat.completions.create(
+        model=model, messages=ASK, temperature=0, max_tokens=16, logprobs=True, top_logprobs=5,
+        stream=True) if chunk.choices and chunk.choices[0].logprobs
+        for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == \
+        [(e.token, round(e.logprob, 4)) for e in entries]
+    cmpl = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6,
+                                     temperature=0, logprobs=3)
+    lp = cmpl.choices[0].logprobs
+    assert "".join(lp.tokens) == cmpl.choices[0].text
+    assert all(max(top, key=top.get) == tok for tok, top in zip(lp.tokens, lp.top_logprobs))
+    assert lp.text_offset[0] == 0
+
+
+# -- 3. structured outputs -------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                           "sunny": {"type": "boolean"}},
+          "required": ["city", "sunny"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_and_json_object(client, model):
+    out = client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=80, temperature=1.0, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA,
+                                                                "strict": True}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+    ask_json = [{"role": "user", "content": "What is the capital of France? Answer in JSON with "
+                                            "the key city."}]
+    obj = client.chat.completions.create(model=model, messages=ask_json, max_tokens=60,
+                                         temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("so, check", [
+    ({"regex": r"[0-9]{3}-[0-9]{4}"}, lambda t: len(t) == 8 and t[3] == "-"),
+    ({"choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+    ({"grammar": 'start: "Paris" | "Lyon"'}, lambda t: t in ("Paris", "Lyon")),
+    ({"json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+    ({"structural_tag": {"type": "structural_tag", "triggers": ["<city>"], "structures": [
+        {"begin": "<city>", "schema": SCHEMA, "end": "</city>"}]}},
+     lambda t: "<city>" not in t or jsonschema.validate(
+         json.loads(t.split("<city>", 1)[1].split("</city>", 1)[0]), SCHEMA) is None),
+])
+def test_structured_outputs_with_the_flag(client, model, so, check):
+    chat = client.chat.completions.create(model=model, messages=ASK, max_tokens=60, temperature=1.0,
+                                          seed=1, extra_body={"structured_outputs": so})
+    assert check(chat.choices[0].message.content)
+    cmpl = client.completions.create(model=model, prompt="Answer:", max_tokens=60, temperature=1.0,
+                                     seed=2, extra_body={"structured_outputs": so})
+    assert check(cmpl.choices[0].text)
+
+
+def test_grammar_endpoint(server):
+    body = {"grammar": {"type": "regex", "content": "(red|green|blue)"},
+            "prompt": "My favourite colour is", "max_tokens": 8}
+    status, _, text = post(server + "/v1/grammar", json.dumps(body).encode(), API_KEY)
+    assert status == 200 and json.loads(text)["choices"][0]["text"] in ("red", "green", "blue")
+    body = {"grammar": {"type": "lark", "content": 'start: "Paris"'}, "messages": ASK}
+    status, _, text = post(server + "/v1/grammar", json.dumps(body).encode(), API_KEY)
+    assert status == 200
+    assert json.loads(text)["choices"][0]["message"]["content"] == "Paris"
+
+
+def test_constraints_need_the_flag():
+    with running_server("--kv-cache-tokens", "4096") as base:
+        plain = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        model = plain.models.list().data[0].id
+        for so in ({"regex": "a+"}, {"choice": ["a"]}, {"grammar": 'start: "a"'}):
+            with pytest.raises(openai.BadRequestError, match="--allow-constraint-api"):
+                plain.chat.completions.create(model=model, messages=ASK, max_tokens=4,
+                                              extra_body={"structured_outputs": so})
+        status, _, text = post(base + "/v1/grammar", json.dumps(
+            {"grammar": {"type": "regex", "content": "a"}, "prompt": "x"}).encode())
+        assert status == 400 and "--allow-constraint-api" in json.loads(text)["error"]["message"]
+        out = plain.chat.completions.create(  # JSON schemas are always on
+            model=model, messages=ASK, max_tokens=60, temperature=0,
+            extra_body={"structured_outputs": {"json": SCHEMA}})
+        jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+
+
+# -- 4. errors: OpenAI's shape, and the server keeps serving --------------
+
+
+def _error(status: int, text: str) -> dict:
+    body = json.loads(text)
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"])
+    return body["error"]
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -99,96 +202,84 @@ def test_stop_string_in_stream(client):
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "minProperties": "x"}}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}},
+     "missing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
+                                         for i in range(300)}}}}}, "--max-grammar-bytes"),
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"messages": []}, "messages"),
+    ({"n": 1000}, "less than or equal to 16"),
+    ({"max_tokens": 100000}, "context length"),
+    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ({"extra_body": {"structured_outputs": {"grammar": "start: <|im_end|>"}}},
+     "--allow-grammar-special-tokens"),
+    ({"extra_body": {"structured_outputs": {"grammar": "start: ("}}}, "structured_outputs"),
 ])
-def test_bad_requests_are_400_and_server_survives(client, kwargs, needle):
-    args = {"model": _model(client), "max_tokens": 4,
-            "messages": [{"role": "user", "content": "hi"}], **kwargs}
-    with pytest.raises(openai.BadRequestError, match=needle):
+def test_bad_requests_are_400_and_server_survives(client, model, kwargs, needle):
+    args = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            **kwargs}
+    with pytest.raises(openai.BadRequestError, match=needle) as err:
         client.chat.completions.create(**args)
-    ok = client.chat.completions.create(model=_model(client), max_tokens=2,
+    assert err.value.body and "message" in err.value.body
+    ok = client.chat.completions.create(model=model, max_tokens=2,
                                         messages=[{"role": "user", "content": "hi"}])
     assert ok.choices[0].message.content is not None
 
 
-def test_prompt_too_long_is_400(client):
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-17", messages=ASK, max_tokens=2)
+
+
+def test_malformed_bodies_are_400_in_one_shape(server):
+    for body in (b"{not json", b"[1, 2]", b'{"messages": "hi"}', b""):
+        status, _, text = post(server + "/v1/chat/completions", body, API_KEY)
+        assert status == 400, (body, status, text)
+        _error(status, text)
+    status, _, text = post(server + "/v1/nowhere", b"{}", API_KEY)
+    assert status == 404 and _error(status, text)
+    assert get(server + "/health")[0] == 200
+
+
+def test_prompt_too_long_is_400(client, model):
     with pytest.raises(openai.BadRequestError, match="context"):
-        client.completions.create(model=_model(client), prompt=[1] * 10000, max_tokens=4)
+        client.completions.create(model=model, prompt=[1] * 10000, max_tokens=4)
 
 
-def test_disconnect_frees_blocks_and_metrics(server, client):
-    stream = client.completions.create(model=_model(client), prompt="Tell me a long story.",
+def test_api_key_required(server):
+    status, text = get(server + "/v1/models")
+    assert status == 401 and _error(status, text)["type"] == "authentication_error"
+    assert get(server + "/v1/models", API_KEY)[0] == 200
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_blocks(server, model):
+    impatient = openai.OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0, timeout=1.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.completions.create(model=model, prompt="Tell me a long story.", max_tokens=2000,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    deadline = time.time() + 10
+    while time.time() < deadline and metric(server, "guided_num_running") != 0.0:
+        time.sleep(0.2)
+    assert metric(server, "guided_num_running") == 0.0
+
+
+def test_disconnect_frees_blocks_and_metrics(server, client, model):
+    stream = client.completions.create(model=model, prompt="Tell me a long story.",
                                        max_tokens=500, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
     deadline = time.time() + 30
-    while time.time() < deadline:
-        status, text = _get(server + "/metrics")
-        if "guided_num_running 0.0" in text:
-            break
+    while time.time() < deadline and metric(server, "guided_num_running") != 0.0:
         time.sleep(0.2)
-    assert status == 200 and "guided_num_running 0.0" in text
-    assert "guided_generated_tokens_total" in text
-
-
-def test_api_key_required(server):
-    assert _get(server + "/v1/models")[0] == 401
-    assert _get(server + "/v1/models", API_KEY)[0] == 200
-
-
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-def test_tool_calls_whole_and_streamed(client):
-    import json
-
-    import jsonschema
-    full = client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
-                                          tool_choice="required", max_tokens=64, temperature=0,
-                                          parallel_tool_calls=False)
-    choice = full.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather" and call.id
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    name, args, reasons = None, "", []
-    for chunk in client.chat.completions.create(model=_model(client), messages=ASK, tools=[WEATHER],
-                                                tool_choice="required", max_tokens=64, temperature=0,
-                                                parallel_tool_calls=False, stream=True):
-        if not chunk.choices:
-            continue
-        for d in chunk.choices[0].delta.tool_calls or []:
-            name = d.function.name or name
-            args += d.function.arguments or ""
-        if chunk.choices[0].finish_reason:
-            reasons.append(chunk.choices[0].finish_reason)
-    assert (name, args, reasons) == ("get_weather", call.function.arguments, ["tool_calls"])
-    # the call and its result, sent back: the next prompt hits the prefix cache
-    turn2 = ASK + [choice.message.model_dump(exclude_none=True),
-                   {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
-    second = client.chat.completions.create(model=_model(client), messages=turn2, tools=[WEATHER],
-                                            max_tokens=8, temperature=0)
-    previous = full.usage.prompt_tokens + full.usage.completion_tokens
-    assert second.usage.prompt_tokens_details.cached_tokens >= 0.9 * previous
-
-
-def test_response_format_json_schema(client):
-    import json
-
-    import jsonschema
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                               "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
-    out = client.chat.completions.create(
-        model=_model(client), messages=ASK, max_tokens=80, temperature=1.0, seed=3,
-        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema,
-                                                                "strict": True}})
-    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+    assert metric(server, "guided_num_running") == 0.0
+    assert metric(server, "guided_kv_cache_usage_ratio") == 0.0
+    text = get(server + "/metrics")[1]
+    for name in ("guided_generated_tokens_total", "guided_prefix_cache_hit_ratio",
+                 "guided_inter_token_latency_seconds_bucket", "guided_grammar_compile_seconds_count",
+                 "guided_mask_time_seconds_total", "guided_forced_tokens_total",
+                 'guided_requests_total{endpoint="completions"',
+                 'status="499"'):
+        assert name in text, name

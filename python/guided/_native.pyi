@@ -87,6 +87,7 @@ class Scheduler:
         grammar: Grammar | None = None,
         fast_forward: bool = True,
         close_on_length: bool = False,
+        logprobs: int | None = None,
     ) -> list[int]:
         """Queue a request. ``seq_id`` in [0, 2**63), not in use; ``top_k`` 0
         disables top-k; temperature 0 is greedy; ``seed`` None draws a random
@@ -103,7 +104,9 @@ class Scheduler:
         with "stop"), and with ``fast_forward`` the tokens it forces are
         appended without sampling (computed by the next step as a prefill
         chunk). Returns the tokens forced at the very start, already part of
-        the output (empty without a grammar or fast-forward).
+        the output (empty without a grammar or fast-forward). ``logprobs``
+        (0-20): report each sampled token's log-probability with that many
+        top alternatives (see ``sample``).
 
         With ``close_on_length`` an output that reaches its budget
         (max_tokens or the context) is steered to the shortest completion
@@ -121,7 +124,8 @@ class Scheduler:
         self,
         logits: npt.NDArray[np.float32],
         allowed: npt.NDArray[np.int32] | None = None,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32],
+               list[tuple[float, list[tuple[int, float]]] | None]]:
         """Sample one token per sampling row of the last plan.
 
         ``logits`` is float32 [R, V] in ``sample_seq_ids`` order. ``allowed``
@@ -130,9 +134,12 @@ class Scheduler:
         rows' grammar masks. Applies repetition,
         frequency and presence penalties, temperature, the mask, top-k, top-p,
         min-p, then draws from the request's own seeded RNG (rows in parallel,
-        GIL released). Returns (tokens int64 [R], logprobs float32 [R]); the
-        logprob is under the final filtered distribution (greedy: log-softmax
-        of the penalised, masked logits). A row whose mask allows nothing gets
+        GIL released). Returns (tokens int64 [R], logprobs float32 [R], tops);
+        the logprob is under the final filtered distribution (greedy: log-softmax
+        of the penalised, masked logits). ``tops[r]`` is None unless the row's
+        request asked for logprobs; then (the token's logprob, [(token,
+        logprob)] most likely first), under the penalised, masked logits
+        before temperature and filters. A row whose mask allows nothing gets
         token -1 and logprob -inf. Raises ValueError on a shape mismatch and
         RuntimeError before any plan."""
     def update(

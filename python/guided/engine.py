@@ -47,8 +47,11 @@ class _Request:
     detok: IncrementalDetokenizer
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: per output token, when params.logprobs asks for them
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     emitted: int = 0  # characters of detok.text already handed out as deltas
     forced_start: list[int] = field(default_factory=list)  # forced before the first step
+    num_forced: int = 0
 
 
 @dataclass
@@ -62,12 +65,16 @@ class StepUpdate:
     finished: RequestOutput | None
     #: every token appended this step: the sampled one and those forced after it
     token_ids: list[int] = field(default_factory=list)
+    #: their log-probabilities, and top alternatives when the request asked
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig,
                  special: SpecialTokens | None = None):
         self.loaded = loaded
+        self.config = config
         self.model = loaded.model
         self.device = loaded.device
         self.special = special or SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
@@ -153,7 +160,8 @@ class Engine:
             raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
         rid = next(self._ids)
         req = _Request(rid, prompt, list(prompt_ids), params,
-                       IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
+                       IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                       top_logprobs=[] if params.logprobs is not None else None)
         close_on_length = False
         if isinstance(grammar, ComposedGrammar):
             grammar, close_on_length = grammar.text, grammar.close_on_length
@@ -177,7 +185,7 @@ class Engine:
             repetition_penalty=params.repetition_penalty,
             stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens, logit_bias=list((params.logit_bias or {}).items()),
-            grammar=grammar, fast_forward=params.fast_forward,
+            grammar=grammar, fast_forward=params.fast_forward, logprobs=params.logprobs,
             close_on_length=close_on_length and grammar is not None)
         self.requests[rid] = req
         self._push_forced(req, forced)
@@ -211,8 +219,9 @@ class Engine:
             return pending + self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
         if logits is None:
             return pending
-        tokens, logprobs = self.scheduler.sample(logits)
-        return pending + self._apply(self.scheduler.update(tokens), logprobs)
+        tokens, logprobs, tops = self.scheduler.sample(logits)
+        draws = dict(zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)))
+        return pending + self._apply(self.scheduler.update(tokens), draws)
 
     @torch.inference_mode()
     def _forward(self, plan) -> np.ndarray | None:
@@ -229,43 +238,63 @@ class Engine:
         logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
         return logits.float().cpu().numpy()
 
-    def _apply(self, events, logprobs) -> list[StepUpdate]:
+    def _apply(self, events, draws: dict) -> list[StepUpdate]:
+        """``draws``: seq id → (logprob, top logprobs or None) of its sampled token."""
         updates = []
-        for (rid, token, reason, num_cached, forced, error), lp in zip(events, logprobs.tolist()):
+        for rid, token, reason, num_cached, forced, error in events:
             req = self.requests[rid]
             if token < 0:  # nothing allowed or rejected: never an arbitrary token (rule 9)
                 updates.append(StepUpdate(rid, "", None, self._finish(
                     req, "error", num_cached, error or "no token was allowed at this point")))
                 continue
+            lp, top = draws[rid]
+            if top is not None:  # the client's view: before temperature and filters
+                lp, top = top
+            start = len(req.output_ids) - len(req.forced_start)
             # The sampled token, then those the grammar forced (probability 1).
-            new = [(token, lp)] + [(t, 0.0) for t in forced]
-            for i, (t, p) in enumerate(new):
-                req.output_ids.append(t)
-                req.logprobs.append(p)
-                # The token that stopped generation is control, never text (rule 1).
-                last = i == len(new) - 1
-                if not (last and reason == "stop" and t in self._stoppers(req)):
-                    req.detok.push(t)
+            new = [token, *forced]
+            self._append(req, token, lp, top)
+            for t in forced:
+                self._append(req, t, 0.0)
+            req.num_forced += len(forced)
             self.counters["generated_tokens"] += len(new)
+            for t in new[:-1]:
+                req.detok.push(t)
+            # The token that stopped generation is control, never text (rule 1).
+            if not (reason == "stop" and new[-1] in self._stoppers(req)):
+                req.detok.push(new[-1])
             if reason is None and self._cut_at_stop_string(req):
                 self.scheduler.abort(rid, "stop")
                 reason = "stop"
-            appended, req.forced_start = req.forced_start + [t for t, _ in new], []
+            req.forced_start = []
             if reason == "error":
-                updates.append(StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error),
-                                          appended))
-                continue
-            update = self._update(req, token, reason, num_cached)
-            update.token_ids = appended
+                update = StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error))
+            else:
+                update = self._update(req, token, reason, num_cached)
+            self._fill_tokens(update, req, start)
             updates.append(update)
         return updates
+
+    def _append(self, req: _Request, token: int, logprob: float, top=None) -> None:
+        req.output_ids.append(token)
+        req.logprobs.append(logprob)
+        if req.top_logprobs is not None:
+            req.top_logprobs.append(list(top) if top is not None else [(token, logprob)])
+
+    @staticmethod
+    def _fill_tokens(update: StepUpdate, req: _Request, start: int) -> None:
+        """The tokens appended since ``start`` (forced-at-start ones included)."""
+        update.token_ids = req.output_ids[start:]
+        update.logprobs = req.logprobs[start:]
+        if req.top_logprobs is not None:
+            update.top_logprobs = req.top_logprobs[start:]
 
     def _push_forced(self, req: _Request, forced: list[int]) -> None:
         """Tokens the grammar forces before anything is sampled."""
         for t in forced:
-            req.output_ids.append(t)
-            req.logprobs.append(0.0)
+            self._append(req, t, 0.0)
             req.detok.push(t)
+        req.num_forced += len(forced)
         self.counters["generated_tokens"] += len(forced)
 
     def _stoppers(self, req: _Request) -> frozenset[int]:
@@ -306,7 +335,8 @@ class Engine:
                              prompt_token_ids=req.prompt_ids, text=req.detok.text,
                              token_ids=req.output_ids, finish_reason=reason,
                              num_cached_tokens=num_cached, error=error,
-                             logprobs=req.logprobs)
+                             logprobs=req.logprobs, top_logprobs=req.top_logprobs,
+                             num_forced_tokens=req.num_forced)
 
     def _fail(self, rids: list[int], message: str) -> list[StepUpdate]:
         out = []

@@ -122,13 +122,17 @@ class LLM:
                      *, tools: list[dict] | None = None, tool_choice="auto",
                      response_format: dict | None = None, reasoning_effort: str | None = None,
                      parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
-                     documents: list | None = None, tool_grammar: bool = True) -> ChatPlan:
+                     documents: list | None = None, tool_grammar: bool = True,
+                     structured_outputs: dict | None = None, compile=None) -> ChatPlan:
         """Check and plan a chat request without running it (the server uses
         this): prompt ids, the grammar of the whole answer, a parser factory.
-        Raises ValueError naming the first bad field."""
+        ``structured_outputs`` constrains the answer (instead of
+        response_format); ``compile`` stands in for the engine's grammar
+        compiler (e.g. to time it). Raises ValueError naming the first bad field."""
         if self.chat_format is None:
             raise TemplateError("the model has no chat template; pass chat_template= or use generate()")
-        return prepare_chat(self.chat_format, self.engine.grammar_compiler.compile, messages,
+        return prepare_chat(self.chat_format, compile or self.engine.grammar_compiler.compile,
+                            messages, structured_outputs=structured_outputs,
                             tools=tools, tool_choice=tool_choice, response_format=response_format,
                             reasoning_effort=reasoning_effort,
                             parallel_tool_calls=parallel_tool_calls,

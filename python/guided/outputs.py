@@ -12,6 +12,9 @@ class RequestOutput:
     (max_tokens or the context is full) or "error" (see `error`).
     token_ids include the end token that stopped generation; text never shows
     it. num_cached_tokens counts prompt tokens served from the prefix cache.
+    logprobs holds each token's log-probability; with
+    SamplingParams.logprobs set, top_logprobs holds, per token, the most
+    likely [(token_id, logprob)] (see SamplingParams).
     """
 
     request_id: int
@@ -23,3 +26,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: of token_ids, how many the grammar forced (appended without sampling)
+    num_forced_tokens: int = 0

@@ -24,6 +24,11 @@ class SamplingParams:
     sampling unless fast_forward is False (same tokens, one step each).
     logit_bias maps token ids to a bias in [-100, 100] added to their logits
     before temperature (OpenAI semantics); a grammar mask still wins.
+    logprobs (0-20) asks for each output token's log-probability and that
+    many most likely alternatives (RequestOutput.top_logprobs), under the
+    distribution after penalties, logit_bias and the grammar mask, before
+    temperature and top-k/top-p/min-p: greedy output is always the first
+    alternative. Tokens a grammar forced have log-probability 0.
     """
 
     max_tokens: int = 64
@@ -43,6 +48,7 @@ class SamplingParams:
     structured_outputs: dict[str, Any] | None = None
     fast_forward: bool = True
     logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -81,6 +87,8 @@ class SamplingParams:
             (all(math.isfinite(b) and -100 <= b <= 100 for b in bias.values()),
              "logit_bias values must be in [-100, 100]"),
             (isinstance(self.fast_forward, bool), "fast_forward must be a bool"),
+            (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+             f"logprobs must be None or an int in [0, 20], got {self.logprobs!r}"),
         ]
         for ok, message in checks:
             if not ok:

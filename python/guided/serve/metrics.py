@@ -6,8 +6,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Engine counters that only grow, and readings that go up and down.
 _COUNTERS = ("prompt_tokens", "generated_tokens", "forced_tokens", "prefix_cache_hit_tokens",
-             "prefix_cache_queries", "preemptions", "steps")
+             "prefix_cache_queries", "preemptions", "steps", "mask_rows")
 _GAUGES = ("num_running", "num_waiting", "num_free_blocks", "num_cached_blocks", "num_blocks")
+# Engine microsecond counters, exported in seconds.
+_SECONDS = {"mask_time_us": "mask_time_seconds", "mask_wait_us": "mask_wait_seconds"}
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
 
 
 class _EngineCollector:
@@ -21,19 +26,53 @@ class _EngineCollector:
                 family = CounterMetricFamily(f"guided_{name}", f"engine counter {name}")
                 family.add_metric([], stats[name])
                 yield family
+        for name, exported in _SECONDS.items():
+            if name in stats:
+                family = CounterMetricFamily(f"guided_{exported}", f"engine counter {exported}")
+                family.add_metric([], stats[name] / 1e6)
+                yield family
         for name in _GAUGES:
             if name in stats:
                 yield GaugeMetricFamily(f"guided_{name}", f"engine reading {name}",
                                         value=stats[name])
+        yield from _derived(stats)
+
+
+def _derived(stats: dict):
+    """Ratios a dashboard wants without doing arithmetic on two series."""
+    blocks = stats.get("num_blocks") or 0
+    if blocks:
+        used = blocks - stats.get("num_free_blocks", blocks)
+        yield GaugeMetricFamily("guided_kv_cache_usage_ratio",
+                                "share of KV blocks held by running or waiting sequences",
+                                value=used / blocks)
+    queries = stats.get("prefix_cache_queries") or 0
+    yield GaugeMetricFamily("guided_prefix_cache_hit_ratio",
+                            "prompt tokens served from the prefix cache / prompt tokens looked up",
+                            value=stats.get("prefix_cache_hit_tokens", 0) / queries if queries else 0.0)
 
 
 class Metrics:
     def __init__(self, read_stats):
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(read_stats))
-        self.requests = Counter("guided_requests", "finished requests by endpoint and reason",
-                                ["endpoint", "finish_reason"], registry=self.registry)
+        self.requests = Counter("guided_requests", "finished choices by endpoint, finish_reason and "
+                                "HTTP status (499: the client went away)",
+                                ["endpoint", "finish_reason", "status"], registry=self.registry)
+        self.responses = Counter("guided_http_responses", "HTTP responses by path and status",
+                                 ["path", "status"], registry=self.registry)
         self.ttft = Histogram("guided_time_to_first_token_seconds", "time to first token",
-                              registry=self.registry)
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.inter_token = Histogram("guided_inter_token_latency_seconds",
+                                     "time between a choice's successive tokens",
+                                     buckets=_ITL_BUCKETS, registry=self.registry)
         self.latency = Histogram("guided_request_latency_seconds", "whole-request latency",
-                                 registry=self.registry)
+                                 buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.grammar_compile = Histogram("guided_grammar_compile_seconds",
+                                         "grammar compile time per request grammar (cache hits too)",
+                                         buckets=_LATENCY_BUCKETS, registry=self.registry)
+
+    def finished(self, endpoint: str, status: int, finish_reasons: list[str], latency: float) -> None:
+        for reason in finish_reasons or ["none"]:
+            self.requests.labels(endpoint, reason, str(status)).inc()
+        self.latency.observe(latency)

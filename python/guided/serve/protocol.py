@@ -1,7 +1,9 @@
 """OpenAI request bodies, and how each maps onto SamplingParams.
 
-Fields a client may send that we do not implement yet are refused with a 400
-that names them, rather than silently changing what the client asked for.
+Pydantic checks types and ranges where a body enters; what needs the model
+(prompt length, schemas, templates) is checked by the handlers. Fields a
+client may send that we do not implement are refused with a 400 that names
+them, rather than silently changing what the client asked for.
 """
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..sampling_params import SamplingParams
+from .errors import APIError
 
-
-class Unsupported(ValueError):
-    """A request field that is valid OpenAI but not implemented here yet."""
+#: The most choices one request may ask for (each is a sequence in the engine).
+MAX_N = 16
+#: The most top alternatives per token (OpenAI's limit for chat).
+MAX_TOP_LOGPROBS = 20
 
 
 class _Common(BaseModel):
@@ -23,14 +27,14 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    logprobs: Any = None
+    logit_bias: dict[int, float] | None = None
     user: str | None = None
     # extensions (vLLM's names)
     top_k: int = Field(default=0, ge=0)
@@ -39,23 +43,31 @@ class _Common(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    structured_outputs: dict[str, Any] | None = None
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        if self.n != 1:
-            raise Unsupported("n: only n=1 is supported")
-        if self.logprobs not in (None, False):
-            raise Unsupported("logprobs are not supported yet")
+    def sampling_params(self, default_max_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine's params for choice ``choice`` of ``n``: with a seed,
+        choice i draws from seed + i, so the n samples differ yet repeat."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
-            max_tokens=self._max_tokens() or default_max_tokens, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
-            stop_token_ids=self.stop_token_ids, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos)
+        seed = None if self.seed is None else self.seed + choice
+        try:
+            return SamplingParams(
+                max_tokens=self.requested_max_tokens() or default_max_tokens,
+                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                min_p=self.min_p, seed=seed, stop=stop, stop_token_ids=self.stop_token_ids,
+                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+                ignore_eos=self.ignore_eos, logit_bias=self.logit_bias,
+                logprobs=self.top_logprobs_wanted())
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
 
-    def _max_tokens(self) -> int | None:
+    def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        """None: no logprobs; else how many alternatives per token."""
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
@@ -63,19 +75,35 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
     best_of: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt as text or token ids; a 400 names an empty one."""
+        p = self.prompt
+        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        if not prompts:
+            raise APIError(400, "prompt is empty", param="prompt")
+        for i, one in enumerate(prompts):
+            if not one:
+                raise APIError(400, f"prompt[{i}] is empty", param="prompt")
+        return prompts
 
     def check(self) -> None:
-        if self.echo:
-            raise Unsupported("echo is not supported")
-        if self.best_of not in (None, 1):
-            raise Unsupported("best_of is not supported")
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                raise Unsupported("prompt: send one prompt per request")
+        if self.best_of not in (None, 1) and self.best_of != self.n:
+            raise APIError(400, "best_of is not supported (use n)", param="best_of")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if self.echo and self.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported: prompt logprobs are not "
+                                "computed", param="echo")
 
 
 class ChatMessage(BaseModel):
@@ -88,7 +116,8 @@ class ChatMessage(BaseModel):
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):  # text parts only
             if any(part.get("type") != "text" for part in self.content):
-                raise Unsupported("messages: only text content parts are supported")
+                raise APIError(400, "messages: only text content parts are supported",
+                               param="messages")
             message["content"] = "".join(part.get("text", "") for part in self.content)
         return message
 
@@ -96,6 +125,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool = True
@@ -103,15 +134,51 @@ class ChatCompletionRequest(_Common):
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
-    def _max_tokens(self) -> int | None:
+    def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def top_logprobs_wanted(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_options(self) -> dict[str, Any]:
         """The fields the chat layer checks and plans (LLM.prepare_chat)."""
         return {"tools": self.tools, "tool_choice": self.tool_choice or "auto",
                 "parallel_tool_calls": self.parallel_tool_calls,
                 "response_format": self.response_format, "reasoning_effort": self.reasoning_effort,
-                "chat_template_kwargs": self.chat_template_kwargs}
+                "chat_template_kwargs": self.chat_template_kwargs,
+                "structured_outputs": self.structured_outputs}
 
-    def check(self) -> None:
-        pass
+
+class GrammarSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["lark", "regex", "json_schema", "choice"]
+    content: str | list[str] | dict[str, Any] | bool
+
+    def structured_outputs(self) -> dict[str, Any]:
+        key = {"lark": "grammar", "regex": "regex", "json_schema": "json", "choice": "choice"}
+        return {key[self.type]: self.content}
+
+
+class GrammarRequest(_Common):
+    """POST /v1/grammar: a raw constraint over a prompt (a completion) or
+    messages (a chat answer)."""
+
+    grammar: GrammarSpec
+    prompt: str | list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    max_tokens: int | None = Field(default=256, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def as_request(self) -> CompletionRequest | ChatCompletionRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+        fields = self.model_dump(exclude={"grammar", "prompt", "messages", "logprobs"},
+                                 exclude_none=True)
+        fields["structured_outputs"] = self.grammar.structured_outputs()
+        if self.prompt is not None:
+            return CompletionRequest(prompt=self.prompt, logprobs=self.logprobs, **fields)
+        return ChatCompletionRequest(messages=self.messages, logprobs=self.logprobs is not None,
+                                     top_logprobs=self.logprobs, **fields)

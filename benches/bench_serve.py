@@ -1,0 +1,153 @@
+"""The OpenAI server under concurrent streaming clients, one run:
+
+    python benches/bench_serve.py [--clients 1 8 32] [--requests 32] [--max-tokens 64]
+                                  [--no-peer]
+
+Starts ``python -m guided.serve`` (default model, default dtype) and, unless
+--no-peer, the pure-Python stack a user would otherwise glue together:
+benches/peers/hf_server.py, transformers ``generate`` with xgrammar's logits
+processor behind a minimal FastAPI server (one request at a time: HF
+``generate`` has no continuous batching), same GGUF, same chat template.
+
+Workloads (same messages on both servers, temperature 0.7, seeded):
+  free  plain chat answers, max_tokens tokens at most;
+  json  response_format json_schema (a 6-field person);
+  tool  tool_choice="required" over two tools (guided only: the peer has no
+        tool-call grammar, and a JSON-schema stand-in would not be the same work).
+
+For each concurrency N, N clients each send requests back to back until
+--requests have been sent (at least N). Printed per (server, workload, N):
+output tokens/s over the wall time, time to first token p50/p99, and
+inter-token latency p50/p99 (gaps between streamed chunks, per token), then
+guided/peer throughput ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from live_server import running_server  # noqa: E402
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0,
+                                                         "maximum": 120},
+    "city": {"type": "string", "maxLength": 30},
+    "occupation": {"enum": ["engineer", "teacher", "doctor", "artist", "farmer", "other"]},
+    "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 3},
+    "married": {"type": "boolean"}},
+    "required": ["name", "age", "city", "occupation", "skills", "married"],
+    "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+             "required": ["city"], "additionalProperties": False}}}]
+SUBJECTS = ["a baker from Lyon", "a retired sailor", "a nurse from Lagos", "a poet in Dublin",
+            "a chef from Naples", "a pilot from Cairo", "a teacher in Oslo", "a miner in Chile"]
+WORKLOADS = {
+    "free": lambda i: ({"messages": [{"role": "user", "content":
+                                      f"Tell me about {SUBJECTS[i % len(SUBJECTS)]}."}]}),
+    "json": lambda i: ({"messages": [{"role": "user", "content":
+                                      f"Describe {SUBJECTS[i % len(SUBJECTS)]} as JSON."}],
+                        "response_format": {"type": "json_schema", "json_schema": {
+                            "name": "person", "schema": PERSON}}}),
+    "tool": lambda i: ({"messages": [{"role": "user", "content":
+                                      f"What is the weather where {SUBJECTS[i % 8]} lives?"}],
+                        "tools": TOOLS, "tool_choice": "required"}),
+}
+
+
+async def one_request(client, model: str, body: dict, max_tokens: int, seed: int) -> dict:
+    began = time.perf_counter()
+    stamps, tokens = [], 0
+    stream = await client.chat.completions.create(
+        model=model, max_tokens=max_tokens, temperature=0.7, seed=seed, stream=True,
+        stream_options={"include_usage": True}, **body)
+    async for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for c in chunk.choices:
+            d = c.delta
+            if d.content or d.tool_calls or getattr(d, "reasoning_content", None):
+                stamps.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    per_token = (stamps[-1] - stamps[0]) / max(1, tokens - 1) if len(stamps) > 1 else None
+    return {"ttft": (stamps[0] if stamps else time.perf_counter()) - began, "tokens": tokens,
+            "gaps": gaps, "itl": per_token}
+
+
+async def run_level(base: str, workload: str, clients: int, requests: int,
+                    max_tokens: int) -> dict:
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=3600)
+    model = (await client.models.list()).data[0].id
+    total = max(requests, clients)
+    counter = iter(range(total))
+    results: list[dict] = []
+
+    async def worker():
+        for i in counter:
+            results.append(await one_request(client, model, WORKLOADS[workload](i), max_tokens, i))
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall = time.perf_counter() - began
+    await client.close()
+    itl = [r["itl"] for r in results if r["itl"] is not None]
+    ttft = [r["ttft"] for r in results]
+    return {"tok_s": sum(r["tokens"] for r in results) / wall, "ttft": ttft, "itl": itl,
+            "requests": len(results)}
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
+
+
+def measure(name: str, base: str, workloads: list[str], args) -> dict:
+    table = {}
+    for workload in workloads:
+        for n in args.clients:
+            asyncio.run(run_level(base, workload, 1, 1, 8))   # warm-up: compiles, caches
+            r = asyncio.run(run_level(base, workload, n, args.requests, args.max_tokens))
+            table[(workload, n)] = r
+            print(f"{name:8} {workload:5} {n:3} {r['tok_s']:9.1f} "
+                  f"{pct(r['ttft'], 50) * 1e3:9.0f} {pct(r['ttft'], 99) * 1e3:9.0f} "
+                  f"{pct(r['itl'], 50) * 1e3:8.1f} {pct(r['itl'], 99) * 1e3:8.1f}", flush=True)
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--requests", type=int, default=32, help="requests per (workload, N)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--no-peer", action="store_true")
+    args = ap.parse_args()
+    print(f"{'server':8} {'load':5} {'N':>3} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} "
+          f"{'itl p50':>8} {'itl p99':>8}   (ms)")
+    with running_server("--max-num-seqs", "64") as base:
+        ours = measure("guided", base, list(WORKLOADS), args)
+    if args.no_peer:
+        return
+    peer_cmd = [sys.executable, str(Path(__file__).parent / "peers" / "hf_server.py")]
+    with running_server(command=peer_cmd) as base:
+        theirs = measure("hf+xgr", base, ["free", "json"], args)
+    print("\nthroughput guided / transformers+xgrammar:")
+    for key, r in theirs.items():
+        print(f"  {key[0]:5} N={key[1]:<3} {ours[key]['tok_s'] / r['tok_s']:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

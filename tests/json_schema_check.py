@@ -1,0 +1,57 @@
+"""Helpers for the json_schema unit tests: a JSON Schema validator as the reference."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from guided.grammar.json_schema import json_schema_grammar
+
+jsonschema = pytest.importorskip("jsonschema")
+llguidance = pytest.importorskip("llguidance")
+
+#: values of every JSON type, for checking a rewrite against the original schema
+SAMPLES = [None, True, False, 0, 1, 2, 5, -3, 2.5, "", "a", "ab", "xyz", [], [1], [1, 2], ["a", "a"],
+           {}, {"a": 1}, {"b": "x"}, {"a": 1, "b": 2}, {"a": "s", "b": None}]
+
+
+def valid(schema, instance) -> bool:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
+
+
+def rewritten_valid(sanitized, instance) -> bool:
+    """Validity under a sanitised schema (its $defs are draft 2020-12)."""
+    if sanitized is True or sanitized is False:
+        return sanitized
+    return jsonschema.Draft202012Validator(sanitized).is_valid(instance)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    from guided.model.loader import default_model_path
+    try:
+        path = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    info = gguf_tokenizer_info(GGUFFile(path).metadata)
+    hf = info["tokenizer"]
+    lt = llguidance.LLTokenizer(hf.to_str(), eos_token=sorted(info["end_token_ids"]))
+    return hf, lt
+
+
+def matcher(tok, schema, whitespace=None):
+    hf, lt = tok
+    grammar = json.dumps({"grammars": [json_schema_grammar(schema, whitespace)]})
+    m = llguidance.LLMatcher(lt, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def accepts(tok, schema, text: str, whitespace=None) -> bool:
+    hf, _ = tok
+    m = matcher(tok, schema, whitespace)
+    ids = hf.encode(text, add_special_tokens=False).ids
+    return all(m.consume_token(t) for t in ids) and m.is_accepting()
