@@ -66,8 +66,9 @@ class _Common(BaseModel):
         return self.max_tokens
 
     def top_logprobs_wanted(self) -> int | None:
-        """None: no logprobs; else how many alternatives per token."""
-        raise NotImplementedError
+        """None: no logprobs; else how many alternatives per token. Each
+        endpoint reads its own field (chat: logprobs + top_logprobs)."""
+        return None
 
     @property
     def include_usage(self) -> bool:
