@@ -1,4 +1,4 @@
-"""Structured output that is never cut mid-structure (on_length="close"):
+"""Structured output that is never cut mid-structure (on_length="close", the default for json):
 near max_tokens the output is steered to the shortest completion the
 grammar accepts, so JSON that ends by the budget still parses and
 validates; on_length="cut" keeps the cut text; a schema whose shortest
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from guided import SamplingParams
+from guided.grammar import closes_on_length
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -105,10 +106,11 @@ def suite(llm):
     return schemas, budgets
 
 
-def _run(llm, schemas, budgets, temperature, on_length):
+def _run(llm, schemas, budgets, temperature):
+    """Closing is the default for json: no on_length given."""
     names = list(schemas)
     params = [SamplingParams(max_tokens=budgets[n], temperature=temperature, seed=i,
-                             structured_outputs={"json": schemas[n], "on_length": on_length})
+                             structured_outputs={"json": schemas[n]})
               for i, n in enumerate(names)]
     return dict(zip(names, llm.generate([PROMPT] * len(names), params)))
 
@@ -118,7 +120,7 @@ def test_outputs_at_the_budget_are_complete_and_valid(llm, suite, temperature):
     schemas, budgets = suite
     if BENCH_DATA.is_dir():
         assert len(schemas) >= 30
-    closed = _run(llm, schemas, budgets, temperature, "close")
+    closed = _run(llm, schemas, budgets, temperature)
     bad = []
     for name, out in closed.items():
         try:
@@ -153,8 +155,7 @@ def test_cut_is_the_text_as_it_stood(llm):
     assert short.finish_reason == "length" and len(short.token_ids) == 20
     assert short.token_ids == long.token_ids[:20]
     assert not _parses(short.text)
-    closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={
-        "json": schema, "on_length": "close"}))[0]
+    closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
     assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
     value = json.loads(closed.text)
     _validator(schema).validate(value)
@@ -187,11 +188,11 @@ def test_regex_and_lark_close_when_asked(llm):
         assert len(o.token_ids) <= 12
 
 
-def test_chat_response_format_closes_when_asked(llm):
+def test_chat_response_format_closes_unless_cut(llm):
     schema = OWN["long_strings"]
     rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
     msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
-    r = llm.chat(msgs, response_format={**rf, "on_length": "close"},
+    r = llm.chat(msgs, response_format=rf,
                  sampling_params=SamplingParams(max_tokens=20))
     assert r.finish_reason == "length"
     value = json.loads(r.content)
@@ -200,6 +201,13 @@ def test_chat_response_format_closes_when_asked(llm):
     r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
                  sampling_params=SamplingParams(max_tokens=20))
     assert r.finish_reason == "length" and not _parses(r.content)
+
+
+def test_closing_is_the_default_for_json_only():
+    assert closes_on_length({"json": {"type": "object"}})
+    assert not closes_on_length({"json": {"type": "object"}, "on_length": "cut"})
+    for so in ({"regex": "a+"}, {"choice": ["a"]}, {"grammar": "start: \"a\""}):
+        assert not closes_on_length(so) and closes_on_length({**so, "on_length": "close"})
 
 
 def test_bad_on_length_is_refused():

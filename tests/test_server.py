@@ -140,6 +140,31 @@ def test_response_format_json_schema_and_json_object(client, model):
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
+          "required": ["name", "bio"], "additionalProperties": False}
+DESCRIBE = [{"role": "user", "content": "Describe a person in detail as JSON."}]
+
+
+def test_json_that_reaches_max_tokens_still_parses(client, model):
+    """Closing is the default for JSON: at the budget the answer is closed,
+    not cut (finish_reason still "length"); on_length "cut" returns the cut
+    text."""
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    closed = client.chat.completions.create(model=model, messages=DESCRIBE, max_tokens=20,
+                                            temperature=0, response_format=rf).choices[0]
+    assert closed.finish_reason == "length"
+    jsonschema.validate(json.loads(closed.message.content), PERSON)
+    cut = client.chat.completions.create(model=model, messages=DESCRIBE, max_tokens=20, temperature=0,
+                                         extra_body={"structured_outputs": {
+                                             "json": PERSON, "on_length": "cut"}}).choices[0]
+    assert cut.finish_reason == "length"
+    with pytest.raises(ValueError):
+        json.loads(cut.message.content)
+    cmpl = client.completions.create(model=model, prompt="A person as JSON:", max_tokens=20,
+                                     temperature=0, extra_body={"structured_outputs": {"json": PERSON}})
+    jsonschema.validate(json.loads(cmpl.choices[0].text), PERSON)
+
+
 @pytest.mark.parametrize("so, check", [
     ({"regex": r"[0-9]{3}-[0-9]{4}"}, lambda t: len(t) == 8 and t[3] == "-"),
     ({"choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
@@ -212,6 +237,8 @@ def _error(status: int, text: str) -> dict:
     ({"messages": []}, "messages"),
     ({"n": 1000}, "less than or equal to 16"),
     ({"max_tokens": 100000}, "context length"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}},
+     "shortest output the grammar allows needs"),
     ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
     ({"extra_body": {"structured_outputs": {"grammar": "start: <|im_end|>"}}},
      "--allow-grammar-special-tokens"),

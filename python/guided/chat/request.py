@@ -81,7 +81,7 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
         compile_check(text)
-        grammar = ComposedGrammar(text, _closes_on_length(structured_outputs or response_format or {},
+        grammar = ComposedGrammar(text, _closes_on_length(structured_outputs, response_format,
                                                           answer, tool_plan, reasoning))
 
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
@@ -155,14 +155,16 @@ def _check_response_format(rf) -> dict | None:
     return schema_entry(json_schema_grammar, spec.get("schema", {}), "response_format.json_schema.schema")
 
 
-def _closes_on_length(so, answer, tools, reasoning) -> bool:
+def _closes_on_length(so, rf, answer, tools, reasoning) -> bool:
     """Whether a constrained answer is steered to a complete one at the
-    budget (``on_length`` of response_format or structured_outputs). Never
-    with tool calls or a reasoning block, whose control tokens the closing
-    search cannot write."""
+    budget (``on_length`` of structured_outputs or response_format; by
+    default for JSON answers). Never with tool calls or a reasoning block,
+    whose control tokens the closing search cannot write."""
     if answer is None or tools is not None or (reasoning and reasoning.mode != "forbidden"):
         return False
-    return closes_on_length(so)
+    if so is not None:
+        return closes_on_length(so)
+    return rf.get("on_length", "close") == "close"  # json_schema and json_object alike
 
 
 def _constraint(so) -> dict:

@@ -19,6 +19,9 @@ from ..sampling_params import SamplingParams
 
 log = logging.getLogger("guided.serve")
 
+# How requests that a failed engine step ended say so (their error begins so).
+FAILED_STEP = "engine step failed"
+
 
 @dataclass
 class _Submission:
@@ -81,8 +84,8 @@ class AsyncEngine:
             try:
                 updates = self.engine.step()
             except Exception as exc:  # keep serving: fail what was running (rule 12)
-                log.exception("engine step failed")
-                updates = self.engine.fail_all(f"engine step failed: {exc}")
+                log.exception(FAILED_STEP)
+                updates = self.engine.fail_all(f"{FAILED_STEP}: {exc}")
             self.stats = self.engine.stats()
             for update in updates:
                 self._deliver(update)

@@ -18,7 +18,7 @@ from ..grammar import ComposedGrammar
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .admission import Admission
-from .async_engine import AsyncEngine
+from .async_engine import FAILED_STEP, AsyncEngine
 from .errors import APIError
 from .metrics import Metrics
 
@@ -84,6 +84,8 @@ class Run:
                 first = await stream.__anext__()
             except ValueError as exc:
                 raise APIError(400, str(exc)) from None
+            if _refused(first):
+                raise APIError(400, first.finished.error)
             now = time.perf_counter()
             opened[i] = _Choice(stream, first, now, now)
         results = await asyncio.gather(*(one(i) for i in which), return_exceptions=True)
@@ -162,3 +164,14 @@ class Run:
                  sum(len(f.token_ids) for f in finals),
                  sum(f.num_forced_tokens for f in finals),
                  self.ttft or 0.0, time.perf_counter() - self.began)
+
+
+def _refused(first: StepUpdate) -> bool:
+    """A request the engine ended at its first step, before any output, for
+    a reason of its own (a schema whose shortest instance does not fit in
+    max_tokens): the client's error, answered as a 400. A failed engine
+    step (``Engine.fail_all``) is not the client's doing and stays a
+    finish_reason."""
+    done = first.finished
+    return (done is not None and done.finish_reason == "error" and not done.token_ids
+            and done.error is not None and not done.error.startswith(FAILED_STEP))
