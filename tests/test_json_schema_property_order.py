@@ -75,3 +75,17 @@ def test_objects_under_an_intersection_are_left_alone():
               "$defs": {"o": {"properties": {"a": {}, "b": {}}}}}
     out, _ = sanitize_json_schema(schema)
     assert "patternProperties" not in json.dumps(out)
+
+
+def test_metadata_keys_may_come_first_at_the_root(tok):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+              "required": ["name"]}
+    for text in ('{"$schema":"https://x.org/s.json","name":"a","size":1}', '{"name":"a","title":"t"}',
+                 '{"name":"a","size":1}'):
+        assert accepts(tok, schema, text), text
+    # not where additional keys are refused, and each key still once with its schema
+    closed = {**schema, "additionalProperties": False}
+    assert not accepts(tok, closed, '{"$schema":"s","name":"a"}')
+    typed = {**schema, "additionalProperties": {"type": "integer"}}
+    assert not accepts(tok, typed, '{"$schema":"s","name":"a"}')
+    assert accepts(tok, typed, '{"title":3,"name":"a"}')

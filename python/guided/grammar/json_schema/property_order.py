@@ -5,9 +5,10 @@ first in each order (up to MAX_PERMUTED of them, else in the order of ``required
 
 Every variant has the same keywords with the same meaning and lists each key once, so the
 union accepts exactly the instances the object accepts; only the order of keys in the text
-differs. What stays out: other orders of optional keys, an unlisted key before a listed one,
-and objects under an intersection (allOf, or anyOf/oneOf/$ref beside other keywords), where
-llguidance merges the parts. The variants copy the property schemas, so the growth of one
+differs. At the root, a few unlisted keys a document often starts with ("$schema", "$id",
+"title", ...) may also come first (metadata_first). What stays out: other orders of optional
+keys, other unlisted keys before a listed one, and objects under an intersection (allOf,
+or anyOf/oneOf/$ref beside other keywords), where llguidance merges the parts. The variants copy the property schemas, so the growth of one
 schema is bounded (MAX_GROWTH).
 
 The code can also move optional properties into literal ``patternProperties`` (any order);
@@ -28,6 +29,9 @@ MAX_GROWTH = 24_000  # characters all the variants of one schema may add (llguid
 # and a small model then writes the same keys again and again until max_tokens (seen in
 # tests/test_structured.py: {"a":1,"b":2,"a":1,...} cut by the length limit).
 MAX_PATTERNS = 0
+# Keys a document often starts with though its schema does not list them ("$schema" in a
+# config file): at the root they may also come first (see metadata_first).
+METADATA_KEYS = ("$schema", "$id", "title", "description", "$comment")
 _REF = "#/$defs/"
 _SIBLING_READERS = ("allOf", "anyOf", "oneOf", "$ref", "not", "if",
                     "dependentSchemas", "dependentRequired", "dependencies", "propertyNames",
@@ -116,6 +120,33 @@ def _matches(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except (re.error, RecursionError):
         return True
+
+
+def _takes_metadata(node: Any) -> bool:
+    """Whether node is a plain object schema with listed properties on which an unlisted key
+    is allowed."""
+    if not isinstance(node, dict) or not isinstance(node.get("properties"), dict) or _intersection(node):
+        return False
+    if any(k in node for k in (*_SIBLING_READERS, "enum", "const")):
+        return False
+    return node.get("additionalProperties", True) is not False and node.get("type", "object") == "object"
+
+
+def metadata_first(node: Any) -> Any:
+    """The root object, or each of its order variants, also with METADATA_KEYS listed first
+    where the schema neither lists nor patterns them: an anyOf of those and the original.
+    Exact: such a key gets the schema additionalProperties gives it, and is optional."""
+    variants = node["anyOf"] if isinstance(node, dict) and set(node) == {"anyOf"} else [node]
+    if not all(_takes_metadata(v) for v in variants):
+        return node
+    front = []
+    for v in variants:
+        props, patterns = v.get("properties") or {}, v.get("patternProperties") or {}
+        names = [n for n in METADATA_KEYS if n not in props and not any(_matches(p, n) for p in patterns)]
+        if names:
+            extra = v.get("additionalProperties", True)
+            front.append({**v, "properties": {**{n: extra for n in names}, **props}})
+    return {"anyOf": front + variants} if front else node
 
 
 class PropertyOrder:

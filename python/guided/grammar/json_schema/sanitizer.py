@@ -12,10 +12,11 @@ from .checks import check_keywords
 from .complement import Complement
 from .flatten import Flatten
 from .formats import FORMAT_ALIASES, FORMAT_PATTERNS, KNOWN_FORMATS, REFERENCE_FORMATS, RELATIVE_REF
+from .literals import Literals
 from .lookaround import rewrite_pattern
 from .objects import ObjectRewrites
 from .one_of import OneOfRewrite
-from .property_order import PropertyOrder, frozen_defs
+from .property_order import PropertyOrder, frozen_defs, metadata_first
 from .refs import ROOT_URI, Ctx, Refs, Unsupported, pointer_escape
 from .vocabulary import ANNOTATIONS, KW_SINCE, TYPES
 
@@ -33,7 +34,7 @@ def sanitize_json_schema(schema: dict | bool) -> tuple[dict | bool, list[str]]:
 
 
 class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOfRewrite, Flatten,
-                PropertyOrder):
+                PropertyOrder, Literals):
     """One schema's rewrite; each base class holds one concern (see its module)."""
 
     def __init__(self, root: Any):
@@ -54,6 +55,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
         if isinstance(root, bool):
             return root
         ctx = self._index(root, Ctx(2020, ROOT_URI), top=True)
+        self.root_base = ctx.base
         out = self.walk(root, "#", ctx)
         while self.queue:
             node, nctx, name = self.queue.pop()
@@ -69,7 +71,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             out = self._inline_false_refs(out)
             self.defs = {n: self._inline_false_refs(d) for n, d in self.defs.items()}
         frozen = frozen_defs(out, self.defs)
-        out = self._any_order(out)
+        out = metadata_first(self._any_order(out))
         for name in list(self.defs):
             if name not in frozen:
                 self.defs[name] = self._any_order(self.defs[name])
@@ -95,6 +97,9 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
         if self.steps > MAX_STEPS:
             raise ValueError("the JSON schema is too complex to rewrite")
         ctx = self.ctx.get(id(node)) or self._node_ctx(node, ctx or Ctx(2020, ROOT_URI))
+        literals = self._filter_literals(node, ctx)
+        if literals is not None:
+            return literals
         draft = ctx.draft
         out = {}
         for k, v in node.items():
