@@ -164,7 +164,7 @@ def _closes_on_length(so, rf, answer, tools, reasoning) -> bool:
         return False
     if so is not None:
         return closes_on_length(so)
-    return rf.get("on_length", "close") == "close"  # json_schema and json_object alike
+    return closes_on_length(rf, is_json=True)  # json_schema and json_object alike
 
 
 def _constraint(so) -> dict:

@@ -72,10 +72,14 @@ def check_on_length(value: Any, where: str) -> None:
         raise ValueError(f"{where} must be 'close' or 'cut', got {value!r}")
 
 
-def closes_on_length(so: dict) -> bool:
+def closes_on_length(options: dict, is_json: bool | None = None) -> bool:
     """Whether an output that reaches its budget is steered to a complete
-    one (``on_length``; by default only for ``json``)."""
-    return so.get("on_length", "close" if "json" in so else "cut") == "close"
+    one: ``options["on_length"]`` (structured_outputs or response_format),
+    by default only for JSON (``is_json``; for structured_outputs, whether
+    it has a "json" constraint)."""
+    if is_json is None:
+        is_json = "json" in options
+    return options.get("on_length", "close" if is_json else "cut") == "close"
 
 
 def compose(so: dict) -> str:

@@ -8,8 +8,8 @@ union accepts exactly the instances the object accepts; only the order of keys i
 differs. At the root, a few unlisted keys a document often starts with ("$schema", "$id",
 "title", ...) may also come first (metadata_first). What stays out: other orders of optional
 keys, other unlisted keys before a listed one, and objects under an intersection (allOf,
-or anyOf/oneOf/$ref beside other keywords), where llguidance merges the parts. The variants copy the property schemas, so the growth of one
-schema is bounded (MAX_GROWTH).
+or anyOf/oneOf/$ref beside other keywords), where llguidance merges the parts. The variants
+copy the property schemas, so the growth of one schema is bounded (MAX_GROWTH).
 
 The code can also move optional properties into literal ``patternProperties`` (any order);
 MAX_PATTERNS = 0 keeps that off, see there.
