@@ -11,7 +11,7 @@ import pytest
 
 from families import FAMILIES, build
 from guided.chat.chat_format import ChatFormat, normalize_messages
-from guided.grammar.chat import ReasoningPlan, compose_chat
+from guided.chat.grammar import ReasoningPlan, compose_chat
 from guided.special_tokens import SpecialTokens
 from guided.tokenizer import TokenizerWrapper
 

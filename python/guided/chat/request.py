@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..grammar import ComposedGrammar, check_on_length, closes_on_length, constraint_entry
-from ..grammar.chat import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
+from .grammar import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
 from ..grammar.json_schema import json_schema_grammar
 from ..sampling_params import SamplingParams
 from .chat_format import ChatFormat, EncodedChat, normalize_messages

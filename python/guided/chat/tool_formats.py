@@ -4,7 +4,7 @@ Each format is a sequence of parts: special tokens (by registry role),
 literal text, and three holes (the tool's NAME, its ARGS, a CALL_ID the
 model writes). From these one description come the three things that must
 agree byte for byte (DESIGN.md rules 5 and 6): the grammar that makes the
-model write a call (grammar/chat.py), the parser that reads it back
+model write a call (chat/grammar.py), the parser that reads it back
 (chat/parser.py), and the text the family's template renders for a past
 call, which :func:`detect` checks by rendering a probe conversation.
 """

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chat.tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special, resolve
+from ..grammar.json_schema import json_schema_grammar
+from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
-from .json_schema import json_schema_grammar
-from .lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
+from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special, resolve
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
 TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
