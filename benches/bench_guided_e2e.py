@@ -249,7 +249,7 @@ def main() -> None:
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=eos_ids)
     compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA))
     from guided.grammar import compose
-    llg_grammar = compose({"json": SCHEMA})  # the very grammar guided compiles
+    llg_grammar = compose({"json": SCHEMA}).text  # the very grammar guided compiles
     hp = prompts[: args.hf_batch]
     b_rows = {
         "transformers + xgrammar": run_hf(hf, tok, hp, args.new_tokens, args.repeat,

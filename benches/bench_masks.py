@@ -187,7 +187,7 @@ class Setup:
         if kind not in self.compiled:
             from guided.grammar import compose
             so, texts = GRAMMARS[kind]
-            text = compose(so)
+            text = compose(so).text
             g = self.guided.compile(text)
             xg = (self.xgr.compile_json_schema(json.dumps(SCHEMA)) if kind == "json"
                   else self.xgr.compile_lark(LARK))

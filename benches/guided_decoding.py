@@ -50,7 +50,7 @@ def delta(llm: LLM, before: dict) -> dict:
 
 
 def mask_times(llm: LLM, outputs) -> np.ndarray:
-    grammar = llm.engine.compile_grammar({"json": CUSTOMER})
+    grammar = llm.compile_grammar({"json": CUSTOMER})
     times = []
     for out in outputs:
         m = grammar.matcher()

@@ -112,7 +112,7 @@ class _GuidedEngine:
 
     def grammar_json(self, schema) -> str:
         """What a request with ``structured_outputs={"json": schema}`` compiles."""
-        return self._compose({"json": schema})
+        return self._compose({"json": schema}).text
 
     def compile(self, schema):
         grammar = self.grammar_json(schema)

@@ -84,7 +84,7 @@ def _validator(schema: dict):
 def _shortest(llm, schema) -> int | None:
     """Tokens of the shortest instance found, or None if it does not compile."""
     try:
-        m = llm.engine.compile_grammar({"json": schema}).matcher()
+        m = llm.compile_grammar({"json": schema}).matcher()
     except ValueError:
         return None
     forced = m.forced_tokens()

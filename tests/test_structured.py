@@ -201,7 +201,7 @@ def test_rejected_instances_stay_rejected(llm, name):
     schema = json.loads(path.read_text())["schema"]
     instance = REJECTED[name]
     assert not _validator(schema).is_valid(instance)
-    grammar = llm.engine.compile_grammar({"json": schema})
+    grammar = llm.compile_grammar({"json": schema})
     enc = llm.tokenizer.encode(json.dumps(instance), parse_special=False)
     assert not _walk(grammar.matcher(), enc), "the grammar accepts an instance the schema rejects"
 
@@ -355,7 +355,7 @@ def test_compact_and_indented_json_are_accepted(llm):
     schema = obj({"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
                   "inner": obj({"x": {"type": "integer"}})})
     value = {"name": "Ann", "tags": ["a", "b"], "inner": {"x": 3}}
-    grammar = llm.engine.compile_grammar({"json": schema})
+    grammar = llm.compile_grammar({"json": schema})
     enc = lambda s: llm.tokenizer.encode(s, parse_special=False)  # noqa: E731
     for text in (json.dumps(value), json.dumps(value, separators=(",", ":")),
                  json.dumps(value, indent=2), json.dumps(value, indent=4)):
@@ -363,11 +363,11 @@ def test_compact_and_indented_json_are_accepted(llm):
     # Whitespace per position is bounded by default, free with "flexible".
     padded = '{"name":' + " " * 40 + '"Ann", "tags": [], "inner": {"x": 3}}'
     assert not _walk(grammar.matcher(), enc(padded))
-    flexible = llm.engine.compile_grammar({"json": schema, "whitespace": "flexible"})
+    flexible = llm.compile_grammar({"json": schema, "whitespace": "flexible"})
     assert _walk(flexible.matcher(), enc(padded))
     # A recursive $ref, nested three deep, both ways.
     chain = {"v": 1, "next": {"v": 2, "next": {"v": 3, "next": None}}}
-    recursive = llm.engine.compile_grammar({"json": RECURSIVE})
+    recursive = llm.compile_grammar({"json": RECURSIVE})
     for text in (json.dumps(chain, separators=(",", ":")), json.dumps(chain, indent=2)):
         assert _walk(recursive.matcher(), enc(text)), text
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from . import _native
-from .grammar import ComposedGrammar, closes_on_length, compose
 from .model import AttentionMetadata, LoadedModel, allocate_kv_cache
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -26,6 +26,19 @@ from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper,
 log = logging.getLogger("guided.engine")
 
 _CPU_KV_CACHE_BYTES = 2 << 30  # default KV pool on CPU when kv_cache_tokens is not given
+
+
+class RequestGrammar(Protocol):
+    """A request's grammar, composed where the request entered
+    (``guided.grammar.ComposedGrammar``): llguidance TopLevelGrammar JSON
+    text, and whether an output that reaches its budget is steered to a
+    complete one instead of being cut."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def close_on_length(self) -> bool: ...
 
 
 @dataclass
@@ -131,26 +144,24 @@ class Engine:
                 tokenize=plain_encoder(hf))
         return self._compiler
 
-    def compile_grammar(self, structured_outputs: dict) -> _native.Grammar:
-        """Raises ValueError naming the problem."""
-        return self.grammar_compiler.compile(compose(structured_outputs))
-
     # -- requests --------------------------------------------------------
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None,
-                    grammar: str | ComposedGrammar | None = None) -> int:
+                    grammar: RequestGrammar | None = None, *, prompt: str | None = None,
+                    error: str | None = None) -> int:
         """Queue one request; raises ValueError (and queues nothing) on bad input.
 
-        ``grammar`` is a composed llguidance grammar (the chat layer's), used
-        instead of ``params.structured_outputs``; as a ComposedGrammar it
-        also says whether its output is steered to a complete one at the
-        budget (for structured_outputs, "on_length" says so). A grammar that does not
-        compile is not bad input of the call: that request alone ends at the
-        next step with finish_reason "error"; so does one whose shortest
-        complete output does not fit in max_tokens, when closing."""
-        if grammar is not None and params.structured_outputs is not None:
-            raise ValueError("give either a composed grammar or structured_outputs, not both")
+        ``grammar`` is the request's one composed grammar, or None for free
+        text: the places where requests enter (LLM.generate, LLM.chat, the
+        server) compose ``params.structured_outputs``, tools and reasoning
+        into it. A grammar that does not compile is not bad input of the
+        call: that request alone ends at the next step with finish_reason
+        "error"; so does one whose shortest complete output does not fit in
+        max_tokens, when closing, and one given an ``error`` (its
+        constraint failed to compose where it entered)."""
+        if grammar is None and error is None and params.structured_outputs is not None:
+            raise ValueError("params.structured_outputs is not composed: compose it where the "
+                             "request enters (guided.grammar.compose) and pass it as grammar")
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
@@ -162,21 +173,18 @@ class Engine:
         req = _Request(rid, prompt, list(prompt_ids), params,
                        IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                        top_logprobs=[] if params.logprobs is not None else None)
-        close_on_length = False
-        if isinstance(grammar, ComposedGrammar):
-            grammar, close_on_length = grammar.text, grammar.close_on_length
-        if params.structured_outputs is not None:
-            close_on_length = closes_on_length(params.structured_outputs)
-        if grammar is not None or params.structured_outputs is not None:
+        compiled = None
+        if grammar is not None and error is None:
             try:
-                grammar = self.grammar_compiler.compile(grammar) if grammar is not None \
-                    else self.compile_grammar(params.structured_outputs)
+                compiled = self.grammar_compiler.compile(grammar.text)
             except ValueError as exc:
-                self.requests[rid] = req
-                self.counters["prompt_tokens"] += len(prompt_ids)
-                done = self._finish(req, "error", 0, f"invalid grammar: {exc}")
-                self._pending.append(StepUpdate(rid, "", None, done))
-                return rid
+                error = str(exc)
+        if error is not None:
+            self.requests[rid] = req
+            self.counters["prompt_tokens"] += len(prompt_ids)
+            done = self._finish(req, "error", 0, f"invalid grammar: {error}")
+            self._pending.append(StepUpdate(rid, "", None, done))
+            return rid
         forced = self.scheduler.add_request(
             rid, prompt_ids, max_tokens=params.max_tokens, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, min_p=params.min_p, seed=params.seed,
@@ -185,8 +193,8 @@ class Engine:
             repetition_penalty=params.repetition_penalty,
             stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens, logit_bias=list((params.logit_bias or {}).items()),
-            grammar=grammar, fast_forward=params.fast_forward, logprobs=params.logprobs,
-            close_on_length=close_on_length and grammar is not None)
+            grammar=compiled, fast_forward=params.fast_forward, logprobs=params.logprobs,
+            close_on_length=compiled is not None and grammar.close_on_length)
         self.requests[rid] = req
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)

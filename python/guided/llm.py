@@ -6,11 +6,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from ._native import Grammar
 from .chat.chat_format import ChatFormat
 from .chat.parser import ChatDelta
 from .chat.request import ChatPlan, prepare_chat
 from .chat.template import TemplateError
 from .engine import Engine, EngineConfig
+from .grammar import ComposedGrammar, compose
 from .model import load_model
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -86,12 +88,15 @@ class LLM:
             prompts = [prompts]
         params = _per_prompt(sampling_params, len(prompts))
         encoded = [self._encode(i, p) for i, p in enumerate(prompts)]
+        grammars = _grammars(params)
         rids = []
         try:
             for i, (ids, p, prompt) in enumerate(zip(encoded, params, prompts)):
+                grammar, error = grammars[i]
                 try:
                     rids.append(self.engine.add_request(
-                        ids, p, prompt if isinstance(prompt, str) else None))
+                        ids, p, grammar, prompt=prompt if isinstance(prompt, str) else None,
+                        error=error))
                 except ValueError as exc:
                     raise ValueError(f"prompt {i}: {exc}") from None
             return self._run(rids)
@@ -99,6 +104,11 @@ class LLM:
             for rid in rids:  # leave nothing of this call behind in the engine
                 self.engine.abort(rid)
             raise
+
+    def compile_grammar(self, structured_outputs: dict) -> Grammar:
+        """``structured_outputs`` compiled for this model's vocabulary (to
+        walk it with a Matcher); raises ValueError naming the problem."""
+        return self.engine.grammar_compiler.compile(compose(structured_outputs).text)
 
     def _encode(self, index: int, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -230,6 +240,22 @@ def _response(parser, out: RequestOutput) -> ChatResponse:
     return ChatResponse(content=result.content, reasoning_content=result.reasoning_content,
                         tool_calls=result.tool_calls, finish_reason=_finish_reason(parser, out),
                         output=out)
+
+
+def _grammars(params: list[SamplingParams]) -> list[tuple[ComposedGrammar | None, str | None]]:
+    """Each request's structured_outputs composed (once per distinct params:
+    a list often repeats one): (grammar, None), or (None, why) for a
+    constraint that does not compose, which fails only its own request."""
+    composed: dict[int, tuple[ComposedGrammar | None, str | None]] = {}
+    for p in params:
+        if id(p) in composed:
+            continue
+        try:
+            composed[id(p)] = (None if p.structured_outputs is None else compose(p.structured_outputs),
+                               None)
+        except ValueError as exc:
+            composed[id(p)] = (None, str(exc))
+    return [composed[id(p)] for p in params]
 
 
 def _per_prompt(params, n: int) -> list[SamplingParams]:

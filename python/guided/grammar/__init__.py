@@ -82,10 +82,11 @@ def closes_on_length(options: dict, is_json: bool | None = None) -> bool:
     return options.get("on_length", "close" if is_json else "cut") == "close"
 
 
-def compose(so: dict) -> str:
-    """The llguidance grammar JSON text for ``structured_outputs``; raises
+def compose(so: dict) -> ComposedGrammar:
+    """The grammar of a request's ``structured_outputs``, composed where the
+    request enters (the engine takes only composed grammars); raises
     ValueError on malformed content."""
-    return json.dumps({"grammars": [constraint_entry(so)]})
+    return ComposedGrammar(json.dumps({"grammars": [constraint_entry(so)]}), closes_on_length(so))
 
 
 def constraint_entry(so: dict) -> dict:

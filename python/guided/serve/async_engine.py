@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from ..engine import Engine, StepUpdate
+from ..engine import Engine, RequestGrammar, StepUpdate
 from ..sampling_params import SamplingParams
 
 log = logging.getLogger("guided.serve")
@@ -27,7 +27,7 @@ FAILED_STEP = "engine step failed"
 class _Submission:
     prompt_ids: list[int]
     params: SamplingParams
-    grammar: str | None
+    grammar: RequestGrammar | None
     loop: asyncio.AbstractEventLoop
     updates: asyncio.Queue
     accepted: asyncio.Future
@@ -45,9 +45,9 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       grammar: str | None = None) -> AsyncIterator[StepUpdate]:
+                       grammar: RequestGrammar | None = None) -> AsyncIterator[StepUpdate]:
         """Stream one request's updates; raises ValueError if it is refused.
-        ``grammar``: a composed grammar (the chat layer's), see Engine.add_request."""
+        ``grammar``: the request's composed grammar, see Engine.add_request."""
         loop = asyncio.get_running_loop()
         sub = _Submission(prompt_ids, params, grammar, loop, asyncio.Queue(), loop.create_future())
         self._post(sub)
@@ -107,7 +107,7 @@ class AsyncEngine:
 
     def _admit(self, sub: _Submission) -> None:
         try:
-            rid = self.engine.add_request(sub.prompt_ids, sub.params, grammar=sub.grammar)
+            rid = self.engine.add_request(sub.prompt_ids, sub.params, sub.grammar)
         except ValueError as exc:
             sub.loop.call_soon_threadsafe(self._settle, sub.accepted, None, exc)
             return

@@ -31,7 +31,7 @@ class Job:
 
     prompt_ids: list[int]
     params: SamplingParams
-    grammar: ComposedGrammar | str | None
+    grammar: ComposedGrammar | None
     group: int = 0
 
 

@@ -10,7 +10,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi.responses import StreamingResponse
 
-from ..grammar import ComposedGrammar, closes_on_length, compose
+from ..grammar import ComposedGrammar, compose
 from ..llm import LLM
 from .admission import Admission, ConstraintPolicy, TimedCompile
 from .async_engine import AsyncEngine
@@ -66,11 +66,11 @@ class ServerState:
 
         def build() -> ComposedGrammar:
             try:
-                text = compose(so)
-                self.timed_compile(text)
+                grammar = compose(so)
+                self.timed_compile(grammar.text)
             except ValueError as exc:
                 raise ValueError(f"structured_outputs: {exc}") from None
-            return ComposedGrammar(text, closes_on_length(so))
+            return grammar
         return await self.policy.compile(build)
 
     def new_run(self, endpoint: str, prefix: str) -> Run:
