@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from families import FAMILIES
-from guided import SamplingParams
+from guided import ChatOptions, SamplingParams
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -159,7 +159,7 @@ def test_streaming_agrees_with_whole(family, family_llm):
         for seed in range(3):
             params = SamplingParams(max_tokens=48, temperature=1.0, seed=seed)
             whole = llm.chat(ASK, params, **options)
-            parser = llm.prepare_chat(ASK, params, **options).parser()
+            parser = llm.prepare_chat(ASK, params, ChatOptions(**options)).parser()
             deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
             calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                      for c in whole.tool_calls]

@@ -1,8 +1,10 @@
 """guided: an LLM serving engine built around grammar-guided decoding."""
-from .llm import LLM, ChatResponse
+from .chat import ChatOptions, ChatResponse
+from .llm import LLM
 from .model import ModelNotFoundError
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "ChatResponse", "ModelNotFoundError"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "ChatOptions", "ChatResponse",
+           "ModelNotFoundError"]
 __version__ = "0.1.0"

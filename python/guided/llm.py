@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from ._native import Grammar
 from .chat.chat_format import ChatFormat
-from .chat.parser import ChatDelta
-from .chat.request import ChatPlan, prepare_chat
+from .chat.parser import ChatDelta, ChatResponse
+from .chat.request import ChatOptions, ChatPlan, prepare_chat
 from .chat.template import TemplateError
 from .engine import Engine, EngineConfig
 from .grammar import ComposedGrammar, compose
@@ -22,27 +21,6 @@ from .tokenizer import TokenizerWrapper
 log = logging.getLogger("guided")
 
 Prompt = str | list[int]
-
-
-@dataclass
-class ChatResponse:
-    """One assistant message. tool_calls are in OpenAI's shape (arguments is
-    a JSON string); finish_reason is "tool_calls" when the model called tools."""
-
-    content: str | None
-    finish_reason: str
-    reasoning_content: str | None = None
-    tool_calls: list = field(default_factory=list)
-    output: RequestOutput | None = None
-
-    def message(self) -> dict:
-        """The message to send back next turn, as an OpenAI client would."""
-        m = {"role": "assistant", "content": self.content}
-        if self.reasoning_content is not None:
-            m["reasoning_content"] = self.reasoning_content
-        if self.tool_calls:
-            m["tool_calls"] = self.tool_calls
-        return m
 
 
 class LLM:
@@ -129,35 +107,27 @@ class LLM:
         return [done[r] for r in rids]
 
     def prepare_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
-                     *, tools: list[dict] | None = None, tool_choice="auto",
-                     response_format: dict | None = None, reasoning_effort: str | None = None,
-                     parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
-                     documents: list | None = None, tool_grammar: bool = True,
-                     structured_outputs: dict | None = None, compile=None) -> ChatPlan:
+                     options: ChatOptions | None = None, compile=None) -> ChatPlan:
         """Check and plan a chat request without running it (the server uses
         this): prompt ids, the grammar of the whole answer, a parser factory.
-        ``structured_outputs`` constrains the answer (instead of
-        response_format); ``compile`` stands in for the engine's grammar
-        compiler (e.g. to time it). Raises ValueError naming the first bad field."""
+        ``compile`` stands in for the engine's grammar compiler (e.g. to time
+        it). Raises ValueError naming the first bad field."""
         if self.chat_format is None:
             raise TemplateError("the model has no chat template; pass chat_template= or use generate()")
         return prepare_chat(self.chat_format, compile or self.engine.grammar_compiler.compile,
-                            messages, structured_outputs=structured_outputs,
-                            tools=tools, tool_choice=tool_choice, response_format=response_format,
-                            reasoning_effort=reasoning_effort,
-                            parallel_tool_calls=parallel_tool_calls,
-                            chat_template_kwargs=chat_template_kwargs, documents=documents,
-                            sampling_params=sampling_params, tool_grammar=tool_grammar)
+                            messages, options or ChatOptions(), sampling_params)
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
              **options) -> ChatResponse:
         """Answer a conversation with the model's own chat template.
 
-        ``options``: tools, tool_choice ("auto", "none", "required" or
-        {"type": "function", "function": {"name": ...}}), response_format,
-        reasoning_effort ("none", "minimal", "low", "medium", "high"),
-        parallel_tool_calls, chat_template_kwargs, documents, tool_grammar
-        (enforce the tool-call grammar for tool_choice="auto"; default True).
+        ``options`` are the fields of :class:`guided.chat.ChatOptions`:
+        tools, tool_choice ("auto", "none", "required" or {"type":
+        "function", "function": {"name": ...}}), parallel_tool_calls,
+        response_format, structured_outputs, reasoning_effort ("none",
+        "minimal", "low", "medium", "high"), chat_template_kwargs,
+        documents, tool_grammar (enforce the tool-call grammar for
+        tool_choice="auto"; default True).
         """
         return self.chat_batch([messages], sampling_params, **options)[0]
 
@@ -167,11 +137,12 @@ class LLM:
         """Answer several conversations at once (one engine batch)."""
         params = _per_prompt(sampling_params, len(conversations)) if sampling_params is not None \
             else [None] * len(conversations)
-        plans = [self.prepare_chat(c, p, **options) for c, p in zip(conversations, params)]
+        opts = ChatOptions(**options)
+        plans = [self.prepare_chat(c, p, opts) for c, p in zip(conversations, params)]
         rids, parsers = [], {}
         try:
             for plan in plans:
-                rid = self.engine.add_request(plan.prompt_ids, plan.params, grammar=plan.grammar)
+                rid = self.engine.add_request(plan.prompt_ids, plan.params, plan.grammar)
                 rids.append(rid)
                 parsers[rid] = plan.parser()
             finished: dict[int, RequestOutput] = {}
@@ -185,16 +156,16 @@ class LLM:
             for rid in rids:
                 self.engine.abort(rid)
             raise
-        return [_response(parsers[r], finished[r]) for r in rids]
+        return [parsers[r].result(finished[r]) for r in rids]
 
     def chat_stream(self, messages: list[dict], sampling_params: SamplingParams | None = None,
                     **options) -> Iterator[ChatDelta]:
         """Like chat(), yielding deltas as they are decoded: content,
         reasoning_content, and tool calls (id and name first, then arguments
         in pieces). The last delta carries finish_reason (and error, if any)."""
-        plan = self.prepare_chat(messages, sampling_params, **options)
+        plan = self.prepare_chat(messages, sampling_params, ChatOptions(**options))
         parser = plan.parser()
-        rid = self.engine.add_request(plan.prompt_ids, plan.params, grammar=plan.grammar)
+        rid = self.engine.add_request(plan.prompt_ids, plan.params, plan.grammar)
         done = None
         try:
             while done is None:
@@ -204,7 +175,7 @@ class LLM:
                     yield from parser.push(update.token_ids)
                     done = update.finished
             yield from parser.finish()
-            yield ChatDelta(finish_reason=_finish_reason(parser, done), error=done.error)
+            yield ChatDelta(finish_reason=parser.finish_reason(done), error=done.error)
         finally:
             if done is None:
                 self.engine.abort(rid)
@@ -227,19 +198,6 @@ def _template_text(value: str) -> str:
     if "{" not in value:
         raise ValueError(f"chat_template is neither a Jinja template nor a file: {value!r}")
     return value
-
-
-def _finish_reason(parser, out: RequestOutput) -> str:
-    if out.finish_reason == "stop" and parser.call_ids:
-        return "tool_calls"
-    return out.finish_reason
-
-
-def _response(parser, out: RequestOutput) -> ChatResponse:
-    result = parser.result()
-    return ChatResponse(content=result.content, reasoning_content=result.reasoning_content,
-                        tool_calls=result.tool_calls, finish_reason=_finish_reason(parser, out),
-                        output=out)
 
 
 def _grammars(params: list[SamplingParams]) -> list[tuple[ComposedGrammar | None, str | None]]:

@@ -1,4 +1,6 @@
-"""Chat-template rendering (and, later, output parsing)."""
+"""The chat layer: templates, tool formats, the chat grammar, output parsing."""
+from .parser import ChatDelta, ChatResponse
+from .request import ChatOptions, ChatPlan, prepare_chat
 from .template import render_chat
 
-__all__ = ["render_chat"]
+__all__ = ["ChatDelta", "ChatOptions", "ChatPlan", "ChatResponse", "prepare_chat", "render_chat"]

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
 from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Special, resolve
@@ -41,10 +42,26 @@ class ParsedCall:
 
 
 @dataclass
-class ChatResult:
+class ChatResponse:
+    """One assistant message, as every API hands it back. tool_calls are in
+    OpenAI's shape (arguments is a JSON string); finish_reason is
+    "tool_calls" when the model called tools."""
+
     content: str | None
-    reasoning_content: str | None
+    finish_reason: str
+    reasoning_content: str | None = None
     tool_calls: list[dict] = field(default_factory=list)
+    output: RequestOutput | None = None   # the engine's output (tokens, usage, error)
+
+    def message(self) -> dict:
+        """The assistant message in OpenAI's shape: what an API returns, and
+        what a client sends back next turn."""
+        m = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            m["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        return m
 
 
 class ChatParser:
@@ -92,14 +109,22 @@ class ChatParser:
             self.on_finish(self.ids)
         return self._record(self._deltas(final=True))
 
-    def result(self) -> ChatResult:
-        """The whole message: the sum of every delta, streamed or not."""
+    def finish_reason(self, out: RequestOutput) -> str:
+        """OpenAI's finish_reason for the message that ended as ``out``:
+        "tool_calls" when it stopped after calling tools."""
+        return "tool_calls" if out.finish_reason == "stop" and self.call_ids else out.finish_reason
+
+    def result(self, out: RequestOutput) -> ChatResponse:
+        """The whole message that ended as ``out`` (its tokens already
+        pushed): the sum of every delta, streamed or not."""
         self.finish()
         calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
                  for i, (cid, (name, args)) in enumerate(zip(self.call_ids, self._calls))
                  if i in self.done_calls]  # a call cut by max_tokens is not a call
-        return ChatResult(content="".join(self._content) or None,
-                          reasoning_content="".join(self._reasoning) or None, tool_calls=calls)
+        return ChatResponse(content="".join(self._content) or None,
+                            finish_reason=self.finish_reason(out),
+                            reasoning_content="".join(self._reasoning) or None, tool_calls=calls,
+                            output=out)
 
     def _record(self, deltas: list[ChatDelta]) -> list[ChatDelta]:
         for d in deltas:

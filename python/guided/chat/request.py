@@ -27,6 +27,28 @@ REASONING_EFFORTS = ("none", *REASONING_BUDGETS)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
+@dataclass(frozen=True)
+class ChatOptions:
+    """What a chat request asks for beyond its messages and sampling, as
+    every API passes it to :func:`prepare_chat` (which checks each field).
+
+    tool_choice: "auto", "none", "required" or {"type": "function",
+    "function": {"name": ...}}; reasoning_effort: "none", "minimal", "low",
+    "medium", "high" or None (the model's default); response_format or
+    structured_outputs (one of them) constrain the answer; tool_grammar:
+    enforce the tool-call grammar for tool_choice "auto" too."""
+
+    tools: list[dict] | None = None
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict | None = None
+    documents: list | None = None
+    tool_grammar: bool = True
+
+
 @dataclass
 class ChatPlan:
     prompt_ids: list[int]
@@ -39,27 +61,22 @@ class ChatPlan:
         return self.make_parser()
 
 
-def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages: list[dict], *,
-                 tools: list[dict] | None = None, tool_choice: Any = "auto",
-                 response_format: dict | None = None, reasoning_effort: str | None = None,
-                 parallel_tool_calls: bool = True, chat_template_kwargs: dict | None = None,
-                 documents: list | None = None, sampling_params: SamplingParams | None = None,
-                 tool_grammar: bool = True, structured_outputs: dict | None = None) -> ChatPlan:
+def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages: list[dict],
+                 options: ChatOptions, sampling_params: SamplingParams | None = None) -> ChatPlan:
     """``compile_check(grammar_json)`` raises ValueError when a grammar does
-    not compile (the engine's compiler; its cache makes the later compile free).
-    ``structured_outputs`` (see guided.grammar) constrains the answer as
-    response_format does; give one or the other."""
-    parsed_tools = _check_tools(tools, compile_check)
-    choice = _check_tool_choice(tool_choice, parsed_tools)
-    answer = _check_response_format(response_format)
-    if structured_outputs is not None:
+    not compile (the engine's compiler; its cache makes the later compile free)."""
+    o = options
+    parsed_tools = _check_tools(o.tools, compile_check)
+    choice = _check_tool_choice(o.tool_choice, parsed_tools)
+    answer = _check_response_format(o.response_format)
+    if o.structured_outputs is not None:
         if answer is not None:
             raise ValueError("give either response_format or structured_outputs, not both")
-        answer = _constraint(structured_outputs)
-    effort = _check_effort(reasoning_effort, chat)
-    if not isinstance(parallel_tool_calls, bool):
+        answer = _constraint(o.structured_outputs)
+    effort = _check_effort(o.reasoning_effort, chat)
+    if not isinstance(o.parallel_tool_calls, bool):
         raise ValueError("parallel_tool_calls must be a boolean")
-    kwargs = _template_kwargs(chat, chat_template_kwargs, effort)
+    kwargs = _template_kwargs(chat, o.chat_template_kwargs, effort)
 
     fmt = chat.tools
     msgs = normalize_messages(messages, fmt)
@@ -67,12 +84,12 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     if parsed_tools and not fmt.native and "tools" not in chat.template:
         msgs = _with_envelope_system(msgs, parsed_tools)
         template_tools = None
-    encoded = chat.encode(msgs, tools=template_tools, documents=documents, kwargs=kwargs)
+    encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs)
 
-    tool_plan = _tool_plan(fmt, parsed_tools, choice, parallel_tool_calls, tool_grammar)
+    tool_plan = _tool_plan(fmt, parsed_tools, choice, o.parallel_tool_calls, o.tool_grammar)
     reasoning = _reasoning_plan(chat, encoded, effort)
     if answer is not None:
-        where = "response_format" if structured_outputs is None else "structured_outputs"
+        where = "response_format" if o.structured_outputs is None else "structured_outputs"
         try:
             compile_check(json.dumps({"grammars": [answer]}))
         except ValueError as exc:
@@ -81,7 +98,7 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
         compile_check(text)
-        grammar = ComposedGrammar(text, _closes_on_length(structured_outputs, response_format,
+        grammar = ComposedGrammar(text, _closes_on_length(o.structured_outputs, o.response_format,
                                                           answer, tool_plan, reasoning))
 
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)

@@ -19,11 +19,9 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
     so = s.policy.structured_outputs(body.structured_outputs)
     s.policy.check_size(tools=body.tools, response_format=body.response_format,
                         structured_outputs=so)
-    options = {**body.chat_options(), "structured_outputs": so}
+    options = body.chat_options(so, tool_grammar=s.enable_tool_grammar)
     # Templates, schemas and grammar compiles are CPU work: off the event loop.
-    plan = await s.policy.compile(s.llm.prepare_chat, messages, None,
-                                  tool_grammar=s.enable_tool_grammar, compile=s.timed_compile,
-                                  **options)
+    plan = await s.policy.compile(s.llm.prepare_chat, messages, None, options, s.timed_compile)
     ids = plan.prompt_ids
     s.check_context(len(ids), body.requested_max_tokens())
     n = body.n
@@ -36,10 +34,6 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
             "model": body.model or s.model_names[0]}
     wants_logprobs = body.logprobs
 
-    def reason(i: int, out) -> str:
-        return "tool_calls" if out.finish_reason == "stop" and parsers[i].call_ids \
-            else out.finish_reason
-
     def total_usage(outs) -> dict:
         return usage(len(ids), sum(len(o.token_ids) for o in outs), outs[0].num_cached_tokens)
 
@@ -47,16 +41,11 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
         choices = []
         for i, out in enumerate(outs):
             parsers[i].push(out.token_ids)
-            result = parsers[i].result()
-            message = {"role": "assistant", "content": result.content}
-            if result.reasoning_content is not None:
-                message["reasoning_content"] = result.reasoning_content
-            if result.tool_calls:
-                message["tool_calls"] = result.tool_calls
+            reply = parsers[i].result(out)
             lp = {"content": chat_entries(s.texts, out.token_ids, out.logprobs, out.top_logprobs),
                   "refusal": None} if wants_logprobs else None
-            choices.append({"index": i, "message": message, "logprobs": lp,
-                            "finish_reason": reason(i, out)})
+            choices.append({"index": i, "message": reply.message(), "logprobs": lp,
+                            "finish_reason": reply.finish_reason})
         return {**head, "object": "chat.completion", "choices": choices,
                 "usage": total_usage(outs)}
 
@@ -83,7 +72,7 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
             if u.finished:
                 finals[i] = u.finished
                 lp = pending[i] if wants_logprobs else None
-                yield one(i, {}, reason(i, u.finished), lp)
+                yield one(i, {}, parsers[i].finish_reason(u.finished), lp)
         if body.include_usage:
             yield {**chunk, "choices": [], "usage": total_usage(finals)}
 

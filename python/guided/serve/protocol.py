@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..chat import ChatOptions
 from ..sampling_params import SamplingParams
 from .errors import APIError
 
@@ -143,13 +144,16 @@ class ChatCompletionRequest(_Common):
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def chat_options(self) -> dict[str, Any]:
-        """The fields the chat layer checks and plans (LLM.prepare_chat)."""
-        return {"tools": self.tools, "tool_choice": self.tool_choice or "auto",
-                "parallel_tool_calls": self.parallel_tool_calls,
-                "response_format": self.response_format, "reasoning_effort": self.reasoning_effort,
-                "chat_template_kwargs": self.chat_template_kwargs,
-                "structured_outputs": self.structured_outputs}
+    def chat_options(self, structured_outputs: dict[str, Any] | None,
+                     tool_grammar: bool) -> ChatOptions:
+        """The fields the chat layer checks and plans (LLM.prepare_chat), with
+        ``structured_outputs`` as the server's policy let it through."""
+        return ChatOptions(tools=self.tools, tool_choice=self.tool_choice or "auto",
+                           parallel_tool_calls=self.parallel_tool_calls,
+                           response_format=self.response_format,
+                           structured_outputs=structured_outputs,
+                           reasoning_effort=self.reasoning_effort,
+                           chat_template_kwargs=self.chat_template_kwargs, tool_grammar=tool_grammar)
 
 
 class GrammarSpec(BaseModel):
