@@ -13,19 +13,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-import torch
-
 from . import _native
-from .model import AttentionMetadata, LoadedModel, allocate_kv_cache
+from .model import LoadedModel, ModelRunner
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, plain_encoder,
                         token_bytes)
 
 log = logging.getLogger("guided.engine")
-
-_CPU_KV_CACHE_BYTES = 2 << 30  # default KV pool on CPU when kv_cache_tokens is not given
 
 
 class RequestGrammar(Protocol):
@@ -88,20 +83,16 @@ class Engine:
                  special: SpecialTokens | None = None):
         self.loaded = loaded
         self.config = config
-        self.model = loaded.model
-        self.device = loaded.device
         self.special = special or SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
                                                          loaded.bos_token)
         self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
         mc = loaded.config
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings)
-        self.block_size = config.block_size
-        self.num_blocks = self._pool_blocks(config)
-        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size,
-                                           loaded.kv_dtype, self.device)
+        self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
+                                  config.max_num_seqs, self.max_model_len)
         self.scheduler = _native.Scheduler(
-            num_blocks=self.num_blocks, block_size=self.block_size,
+            num_blocks=self.runner.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
             max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
@@ -114,22 +105,10 @@ class Engine:
         self._pending: list[StepUpdate] = []
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0,
                          "steps": 0, "requests_finished": 0, "requests_failed": 0}
-        log.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
-                 self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+        blocks = self.runner.num_blocks
+        log.info("KV cache on %s: %d blocks of %d tokens (%d tokens), max_model_len %d",
+                 loaded.device, blocks, config.block_size, blocks * config.block_size,
                  self.max_model_len)
-
-    def _pool_blocks(self, config: EngineConfig) -> int:
-        mc = self.loaded.config
-        if config.kv_cache_tokens is not None:
-            tokens = config.kv_cache_tokens
-        else:
-            per_token = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * \
-                torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
-            tokens = min(_CPU_KV_CACHE_BYTES // per_token, config.max_num_seqs * self.max_model_len)
-        if tokens < self.block_size:
-            raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
-                             f"({self.block_size} tokens)")
-        return tokens // self.block_size
 
     # -- grammars --------------------------------------------------------
 
@@ -221,7 +200,7 @@ class Engine:
         self.counters["steps"] += 1
         self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10)
         try:
-            logits = self._forward(plan)
+            logits = self.runner.execute(plan)
         except Exception as exc:  # one bad step must not take the engine down (rule 12)
             log.exception("forward pass failed")
             return pending + self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
@@ -230,21 +209,6 @@ class Engine:
         tokens, logprobs, tops = self.scheduler.sample(logits)
         draws = dict(zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)))
         return pending + self._apply(self.scheduler.update(tokens), draws)
-
-    @torch.inference_mode()
-    def _forward(self, plan) -> np.ndarray | None:
-        dev = self.device
-        t = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)  # noqa: E731
-        meta = AttentionMetadata(
-            slot_mapping=t(plan.slot_mapping), block_tables=t(plan.block_tables),
-            context_lens=t(plan.context_lens), query_start_loc=t(plan.query_start_loc),
-            max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
-            block_size=self.block_size, is_decode_only=plan.is_decode_only)
-        hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
-        if len(plan.logits_indices) == 0:
-            return None
-        logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
-        return logits.float().cpu().numpy()
 
     def _apply(self, events, draws: dict) -> list[StepUpdate]:
         """``draws``: seq id → (logprob, top logprobs or None) of its sampled token."""

@@ -1,8 +1,10 @@
-"""Model layer: config, loaders (GGUF, HF safetensors) and the torch decoder over a paged KV cache."""
+"""Model layer: config, loaders (GGUF, HF safetensors), the torch decoder over a
+paged KV cache, and the model runner (the only place that knows the device)."""
 from .attention import AttentionMetadata
 from .config import ModelConfig
 from .llama import CausalLM, allocate_kv_cache
 from .loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
+from .runner import ModelRunner
 
 __all__ = ["AttentionMetadata", "CausalLM", "LoadedModel", "ModelConfig", "ModelNotFoundError",
-           "allocate_kv_cache", "default_model_path", "load_model"]
+           "ModelRunner", "allocate_kv_cache", "default_model_path", "load_model"]

@@ -24,7 +24,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "any other name gets a 404")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the model runs. cuda today: the torch model and its torch paged "
+                         "attention on the GPU, the logits copied to the host for the CPU "
+                         "sampler (guided's CUDA kernels are not built yet)")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)

@@ -1,0 +1,81 @@
+"""The model runner: the one place that knows the device.
+
+It sizes and allocates the paged KV cache for the device the model is on,
+runs the forward pass over a step plan from the scheduler, and hands the
+sampling rows' logits to the host as float32 for the Rust sampler. The
+engine's step loop calls it and never touches torch devices itself.
+
+On CUDA today the same torch path runs on the GPU (paged attention in torch,
+logits copied to the host for sampling); the CUDA kernels are not built yet.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .attention import AttentionMetadata
+from .llama import allocate_kv_cache
+from .loader import LoadedModel
+
+log = logging.getLogger("guided.model")
+
+#: The KV pool on CPU when kv_cache_tokens is not given.
+CPU_KV_CACHE_BYTES = 2 << 30
+#: On CUDA, the share of the device's memory the process may hold once the
+#: KV pool is allocated (the rest is left for activations and other processes).
+GPU_MEMORY_UTILIZATION = 0.9
+#: On CUDA, memory kept free for the forward pass's activations.
+GPU_ACTIVATION_RESERVE_BYTES = 1 << 30
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, block_size: int, kv_cache_tokens: int | None,
+                 max_num_seqs: int, max_model_len: int):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.block_size = block_size
+        tokens = kv_cache_tokens if kv_cache_tokens is not None else \
+            min(self._kv_budget_bytes() // self.kv_bytes_per_token(), max_num_seqs * max_model_len)
+        if tokens < block_size:
+            raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
+                             f"({block_size} tokens)")
+        self.num_blocks = tokens // block_size
+        self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
+                                           loaded.kv_dtype, self.device)
+
+    def kv_bytes_per_token(self) -> int:
+        mc = self.loaded.config
+        element = torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
+        return 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * element
+
+    def _kv_budget_bytes(self) -> int:
+        """What the KV pool may take on this device, by default."""
+        if self.device.type != "cuda":
+            return CPU_KV_CACHE_BYTES
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = free - (1 - GPU_MEMORY_UTILIZATION) * total - GPU_ACTIVATION_RESERVE_BYTES
+        if budget < self.block_size * self.kv_bytes_per_token():
+            raise ValueError(f"{self.device}: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
+                             "GiB leaves no room for a KV cache; pass kv_cache_tokens")
+        return int(budget)
+
+    @torch.inference_mode()
+    def execute(self, plan) -> np.ndarray | None:
+        """The forward pass of one step (a ``_native.StepPlan``): the KV cache
+        is written for every scheduled token, and the logits of the rows that
+        sample come back as float32 [R, V] on the host (None if no row samples)."""
+        dev = self.device
+        t = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)  # noqa: E731
+        meta = AttentionMetadata(
+            slot_mapping=t(plan.slot_mapping), block_tables=t(plan.block_tables),
+            context_lens=t(plan.context_lens), query_start_loc=t(plan.query_start_loc),
+            max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
+            block_size=self.block_size, is_decode_only=plan.is_decode_only)
+        hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
+        if len(plan.logits_indices) == 0:
+            return None
+        logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
+        return logits.float().cpu().numpy()
