@@ -148,9 +148,8 @@ impl PyScheduler {
             .collect())
     }
 
-    #[pyo3(signature = (seq_id, reason = "abort"))]
-    fn abort(&mut self, seq_id: u64, reason: &str) -> bool {
-        self.inner.abort(seq_id, reason)
+    fn abort(&mut self, seq_id: u64) -> bool {
+        self.inner.abort(seq_id)
     }
 
     fn has_unfinished(&self) -> bool {

@@ -260,9 +260,9 @@ impl Scheduler {
         ]
     }
 
-    /// Remove a sequence from whichever queue holds it and free its blocks.
-    /// The reason is only informative: nothing is reported for an abort.
-    pub fn abort(&mut self, seq_id: SeqId, _reason: &str) -> bool {
+    /// Remove a sequence from whichever queue holds it and free its blocks;
+    /// nothing is reported for it. False if the id is unknown.
+    pub fn abort(&mut self, seq_id: SeqId) -> bool {
         if !self.seqs.contains_key(&seq_id) {
             return false;
         }
@@ -815,13 +815,13 @@ mod tests {
         s.add_request(1, &prompt(9, 0), &req(10)).unwrap();
         s.add_request(2, &prompt(9, 1), &req(10)).unwrap();
         s.schedule().unwrap();
-        assert!(s.abort(1, "abort"));
-        assert!(!s.abort(1, "abort"));
+        assert!(s.abort(1));
+        assert!(!s.abort(1));
         // The aborted row is skipped; the other goes on.
         let out = s.update(&[3, 4]).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].seq_id, 2);
-        assert!(s.abort(2, "stop"));
+        assert!(s.abort(2));
         assert!(!s.has_unfinished());
         assert_eq!(s.bm.num_free_blocks(), 8);
     }
@@ -988,7 +988,7 @@ mod tests {
             s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), true, false).unwrap();
             s.schedule().unwrap();
             s.start_masks().unwrap();
-            s.abort(1, "abort");
+            s.abort(1);
             let out = s.sample(&favour(v, &[tok("1"), tok("1")]), 2, v, None).unwrap();
             assert_eq!(out[0].token, -1);
             assert!(out[1].token >= 0 && out[1].token != i64::from(tok("1")));
@@ -1110,7 +1110,7 @@ mod tests {
         let mut done = HashMap::new();
         for step in 0..5_000 {
             for &(_, id) in aborts.iter().filter(|(at, _)| *at == step) {
-                s.abort(id, "abort");
+                s.abort(id);
             }
             let Some(plan) = s.schedule() else { break };
             assert!(plan.num_tokens <= c.max_num_batched_tokens);

@@ -158,10 +158,9 @@ class Scheduler:
         after it, appended without sampling. num_cached_tokens is the
         request's prefix-cache hit at first admission. Finished sequences free
         their blocks (full blocks stay cached) and are forgotten."""
-    def abort(self, seq_id: int, reason: str = "abort") -> bool:
+    def abort(self, seq_id: int) -> bool:
         """Remove a sequence from any queue and free its blocks; False if
-        unknown. Nothing is reported for it (``reason`` is informative; use
-        "stop" after a stop string)."""
+        unknown. Nothing is reported for it."""
     def has_unfinished(self) -> bool:
         """Whether any request is waiting or running."""
     def num_cached_tokens(self, seq_id: int) -> int:

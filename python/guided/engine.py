@@ -182,7 +182,7 @@ class Engine:
         return rid
 
     def abort(self, rid: int) -> None:
-        self.scheduler.abort(rid, "abort")
+        self.scheduler.abort(rid)
         self.requests.pop(rid, None)
         self._pending = [u for u in self._pending if u.request_id != rid]
 
@@ -236,7 +236,7 @@ class Engine:
             if not (reason == "stop" and new[-1] in self._stoppers(req)):
                 req.detok.push(new[-1])
             if reason is None and self._cut_at_stop_string(req):
-                self.scheduler.abort(rid, "stop")
+                self.scheduler.abort(rid)
                 reason = "stop"
             req.forced_start = []
             if reason == "error":
@@ -313,7 +313,7 @@ class Engine:
     def _fail(self, rids: list[int], message: str) -> list[StepUpdate]:
         out = []
         for rid in rids:
-            self.scheduler.abort(rid, "error")
+            self.scheduler.abort(rid)
             if rid in self.requests:
                 done = self._finish(self.requests[rid], "error", 0, message)
                 out.append(StepUpdate(rid, "", None, done))

@@ -110,14 +110,6 @@ class SpecialTokens:
     def reasoning_ids(self) -> tuple[int, int] | None:
         return self._pair("reasoning_start", "reasoning_end")
 
-    @property
-    def tool_call_ids(self) -> tuple[int, int] | None:
-        return self._pair("tool_call_start", "tool_call_end")
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self.control_ids
-
     def marker_texts(self) -> list[str]:
         """Every marker text this model has (the injection test's alphabet)."""
         return sorted(set(self.texts.values()))

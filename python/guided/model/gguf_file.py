@@ -10,7 +10,6 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -103,11 +102,3 @@ class GGUFFile:
         if info.qtype == GGMLQuantizationType.F16:
             return data.view(np.float16).reshape(info.shape)
         return dequantize(data.reshape(*info.shape[:-1], row_bytes), info.qtype)
-
-    def iter_tensors(self) -> Iterator[tuple[TensorInfo, np.ndarray]]:
-        for info in self.tensors:
-            yield info, self.read(info)
-
-
-def read_metadata(path: str) -> dict:
-    return GGUFFile(path).metadata
