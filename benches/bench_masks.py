@@ -206,6 +206,7 @@ def setup(name: str) -> Setup:
 # walking instance r % N_INSTANCES, for the steps where every row is live.
 
 def walk_guided_scheduler(s: Setup, kind: str, batch: int) -> list[float]:
+    from guided import SamplingParams
     from guided._native import Scheduler
     g, _, _, walks = s.grammar(kind)
     rows = [walks[r % len(walks)] for r in range(batch)]
@@ -215,8 +216,7 @@ def walk_guided_scheduler(s: Setup, kind: str, batch: int) -> list[float]:
                       max_num_batched_tokens=max(2048, batch), max_model_len=longest + 64,
                       eos_token_ids=list(s.end_ids), enable_prefix_caching=False)
     for r in range(batch):
-        sched.add_request(r, [1], max_tokens=longest + 8, grammar=g,
-                          fast_forward=False)
+        sched.add_request(r, [1], SamplingParams(max_tokens=longest + 8, fast_forward=False), g)
     pos = [0] * batch
     times = []
     logits = np.zeros((batch, s.vocab), dtype=np.float32)

@@ -7,15 +7,13 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::python_grammar::PyGrammar;
-use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
 use crate::sequence::RequestParams;
 
 /// Per row: None, or (the token's logprob, [(token, logprob)] most likely first).
 type RowLogprobs = Option<(f32, Vec<(u32, f32)>)>;
 /// (tokens, logprobs, per-row logprobs for rows that asked for them)
 type Draws<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>, Vec<RowLogprobs>);
-/// (seq_id, token, finish_reason, num_cached_tokens, forced_tokens, error)
-type Event = (u64, i64, Option<&'static str>, usize, Vec<u32>, Option<String>);
 
 fn to_py(e: Error) -> PyErr {
     match e {
@@ -55,53 +53,17 @@ impl PyScheduler {
         Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
     }
 
-    #[pyo3(signature = (seq_id, prompt_token_ids, *, max_tokens, temperature = 0.0, top_p = 1.0,
-                        top_k = 0, min_p = 0.0, seed = None, presence_penalty = 0.0,
-                        frequency_penalty = 0.0, repetition_penalty = 1.0,
-                        stop_token_ids = Vec::new(), ignore_eos = false, min_tokens = 0,
-                        logit_bias = Vec::new(), grammar = None, fast_forward = true,
-                        close_on_length = false, logprobs = None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (seq_id, prompt_token_ids, params, grammar = None, close_on_length = false))]
     fn add_request(
         &mut self,
         seq_id: i128,
         prompt_token_ids: Vec<i64>,
-        max_tokens: i64,
-        temperature: f64,
-        top_p: f64,
-        top_k: i64,
-        min_p: f64,
-        seed: Option<i128>,
-        presence_penalty: f64,
-        frequency_penalty: f64,
-        repetition_penalty: f64,
-        stop_token_ids: Vec<i64>,
-        ignore_eos: bool,
-        min_tokens: i64,
-        logit_bias: Vec<(i64, f64)>,
+        params: RequestParams,
         grammar: Option<PyRef<'_, PyGrammar>>,
-        fast_forward: bool,
         close_on_length: bool,
-        logprobs: Option<i64>,
     ) -> PyResult<Vec<u32>> {
-        let req = RequestParams {
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            seed,
-            presence_penalty,
-            frequency_penalty,
-            repetition_penalty,
-            stop_token_ids,
-            ignore_eos,
-            min_tokens,
-            logit_bias,
-            logprobs,
-        };
         let grammar = grammar.as_ref().map(|g| &g.inner);
-        self.inner.add_constrained(seq_id, &prompt_token_ids, &req, grammar, fast_forward, close_on_length).map_err(to_py)
+        self.inner.add_constrained(seq_id, &prompt_token_ids, &params, grammar, close_on_length).map_err(to_py)
     }
 
     // Calls that may wait for the mask thread release the GIL: the thread
@@ -138,14 +100,11 @@ impl PyScheduler {
         Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py), tops))
     }
 
-    fn update(&mut self, py: Python<'_>, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<Event>> {
+    fn update(&mut self, py: Python<'_>, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<PyStepOutput>> {
         let sampled = sampled.as_array().to_vec();
         let inner = &mut self.inner;
         let out = py.detach(|| inner.update(&sampled)).map_err(to_py)?;
-        Ok(out
-            .into_iter()
-            .map(|o| (o.seq_id, o.token, o.finish_reason.map(|r| r.as_str()), o.num_cached_tokens, o.forced, o.error))
-            .collect())
+        Ok(out.into_iter().map(PyStepOutput::from).collect())
     }
 
     fn abort(&mut self, seq_id: u64) -> bool {
@@ -164,6 +123,52 @@ impl PyScheduler {
 
     fn stats(&self) -> HashMap<&'static str, usize> {
         self.inner.stats().into_iter().collect()
+    }
+}
+
+/// `logit_bias` as SamplingParams holds it (`{token: bias}` or None), as
+/// (token, bias) pairs for [`RequestParams`].
+pub(crate) fn logit_bias_pairs(value: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, f64)>> {
+    if value.is_none() {
+        return Ok(Vec::new());
+    }
+    let bias: HashMap<i64, f64> = value.extract()?;
+    let mut pairs: Vec<(i64, f64)> = bias.into_iter().collect();
+    pairs.sort_by_key(|p| p.0);
+    Ok(pairs)
+}
+
+/// What `update()` did for one sampling row.
+#[pyclass(name = "StepOutput", module = "guided._native", frozen, get_all)]
+struct PyStepOutput {
+    seq_id: u64,
+    token: i64,
+    finish_reason: Option<&'static str>,
+    num_cached_tokens: usize,
+    forced: Vec<u32>,
+    error: Option<String>,
+}
+
+impl From<StepOutput> for PyStepOutput {
+    fn from(o: StepOutput) -> Self {
+        PyStepOutput {
+            seq_id: o.seq_id,
+            token: o.token,
+            finish_reason: o.finish_reason.map(|r| r.as_str()),
+            num_cached_tokens: o.num_cached_tokens,
+            forced: o.forced,
+            error: o.error,
+        }
+    }
+}
+
+#[pymethods]
+impl PyStepOutput {
+    fn __repr__(&self) -> String {
+        format!(
+            "StepOutput(seq_id={}, token={}, finish_reason={:?}, num_cached_tokens={}, forced={:?}, error={:?})",
+            self.seq_id, self.token, self.finish_reason, self.num_cached_tokens, self.forced, self.error
+        )
     }
 }
 
@@ -234,6 +239,7 @@ impl PyStepPlan {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyScheduler>()?;
     m.add_class::<PyStepPlan>()?;
+    m.add_class::<PyStepOutput>()?;
     m.add_class::<crate::python_grammar::PyGrammarCompiler>()?;
     m.add_class::<crate::python_grammar::PyGrammar>()?;
     m.add_class::<crate::python_grammar::PyMatcher>()?;

@@ -168,20 +168,19 @@ impl Scheduler {
     /// Queue a request; on error nothing changes.
     /// `seq_id` must be in [0, 2**63) (plans carry ids as int64).
     pub fn add_request(&mut self, seq_id: i128, prompt: &[i64], req: &RequestParams) -> Result<(), Error> {
-        self.add_constrained(seq_id, prompt, req, None, true, false).map(|_| ())
+        self.add_constrained(seq_id, prompt, req, None, false).map(|_| ())
     }
 
     /// Queue a request under a grammar (None: unconstrained). Returns the
     /// tokens the grammar forces at the start, already appended to the
-    /// output when `fast_forward` is on. With `close_on_length`, an output
-    /// that reaches its budget ends complete (see [`crate::closing`]).
+    /// output when `req.fast_forward` is on. With `close_on_length`, an
+    /// output that reaches its budget ends complete (see [`crate::closing`]).
     pub fn add_constrained(
         &mut self,
         seq_id: i128,
         prompt: &[i64],
         req: &RequestParams,
         grammar: Option<&Grammar>,
-        fast_forward: bool,
         close_on_length: bool,
     ) -> Result<Vec<u32>, Error> {
         let Some(seq_id) = u64::try_from(seq_id).ok().filter(|&id| id <= i64::MAX as u64) else {
@@ -195,7 +194,7 @@ impl Scheduler {
         let v = req.validate().map_err(Error::Invalid)?;
         let mut seq = Sequence::new(seq_id, tokens, v.sampling, v.stop, v.seed, self.next_arrival);
         let forced = match grammar {
-            Some(g) => seq.constrain(g.matcher(), fast_forward, close_on_length, self.max_len),
+            Some(g) => seq.constrain(g.matcher(), req.fast_forward, close_on_length, self.max_len),
             None => Vec::new(),
         };
         self.counters.forced_tokens += forced.len();
@@ -909,7 +908,7 @@ mod tests {
         fn the_mask_is_hard_and_the_grammar_ends_the_sequence() {
             let (mut s, c, v, _) = setup();
             let g = c.compile(&lark("start: \"yes\" | \"no\"")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true, false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
             s.add_request(2, &prompt(5, 1), &req(10)).unwrap();
             // Both favour "a": only the free row may take it.
             let out = step(&mut s, v, &[tok("a"), tok("a")]);
@@ -920,7 +919,7 @@ mod tests {
             assert_eq!(out[0].token, i64::from(tok("n")));
             assert_eq!(out[0].forced, vec![tok("o")]);
             assert_eq!(out[0].finish_reason, Some(FinishReason::Stop));
-            s.add_constrained(3, &prompt(5, 2), &req(10), Some(&g), true, false).unwrap();
+            s.add_constrained(3, &prompt(5, 2), &req(10), Some(&g), false).unwrap();
             let out = step(&mut s, v, &[tok("a"), tok("yes")]);
             assert_eq!((out[1].token, out[1].finish_reason), (i64::from(tok("yes")), Some(FinishReason::Stop)));
             let stats: HashMap<_, _> = s.stats().into_iter().collect();
@@ -933,7 +932,7 @@ mod tests {
             let (mut s, c, _, _) = setup();
             let g = c.compile(&lark("start: \"a\" \"name\" \"b\"")).unwrap();
             // "a" is forced from the start: appended to the output at once.
-            let forced = s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true, false).unwrap();
+            let forced = s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
             assert!(!forced.is_empty());
             let plan = s.schedule().unwrap();
             assert_eq!(plan.num_tokens, 5 + forced.len());
@@ -946,7 +945,7 @@ mod tests {
             let run = |ff: bool| {
                 let (mut s, c, v, eos) = setup();
                 let g = c.compile(&lark("start: \"ab\" /[0-9]/ \"cd\"")).unwrap();
-                let mut toks: Vec<u32> = s.add_constrained(1, &prompt(5, 0), &req(20), Some(&g), ff, false).unwrap();
+                let mut toks: Vec<u32> = s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: ff, ..req(20) }, Some(&g), false).unwrap();
                 for _ in 0..20 {
                     let Some(plan) = s.schedule() else { break };
                     let n = plan.sample_seq_ids.len();
@@ -971,7 +970,7 @@ mod tests {
         fn a_rejected_token_fails_the_row_with_a_message() {
             let (mut s, c, _, _) = setup();
             let g = c.compile(&lark("start: \"yes\"")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false, false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: false, ..req(10) }, Some(&g), false).unwrap();
             s.schedule().unwrap();
             let out = s.update(&[i64::from(tok("q"))]).unwrap();
             assert_eq!(out[0].finish_reason, Some(FinishReason::Error));
@@ -984,8 +983,8 @@ mod tests {
         fn masks_started_then_aborted_or_never_sampled_are_fine() {
             let (mut s, c, v, _) = setup();
             let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), true, false).unwrap();
-            s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), true, false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
+            s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), false).unwrap();
             s.schedule().unwrap();
             s.start_masks().unwrap();
             s.abort(1);
@@ -1004,7 +1003,7 @@ mod tests {
         fn closed_run(grammar: &str, max_tokens: i64, want: u32) -> (String, Option<FinishReason>, Option<String>) {
             let (mut s, c, v, eos) = setup();
             let g = c.compile(grammar).unwrap();
-            let mut toks = s.add_constrained(1, &prompt(5, 0), &req(max_tokens), Some(&g), true, true).unwrap();
+            let mut toks = s.add_constrained(1, &prompt(5, 0), &req(max_tokens), Some(&g), true).unwrap();
             let mut last = (None, None);
             for _ in 0..40 {
                 let Some(plan) = s.schedule() else { break };
@@ -1049,7 +1048,7 @@ mod tests {
             let (mut s, c, v, eos) = setup();
             let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
             let r = RequestParams { min_tokens: 5, ..req(10) };
-            s.add_constrained(1, &prompt(5, 0), &r, Some(&g), true, false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &r, Some(&g), false).unwrap();
             step(&mut s, v, &[tok("x")]);
             let out = step(&mut s, v, &[eos]);
             assert_eq!(out[0].token, i64::from(eos));

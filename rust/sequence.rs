@@ -46,7 +46,12 @@ pub struct StopParams {
 
 /// A request as the client gave it, before validation: signed and wide types
 /// so that every bad value gets a clear message instead of an overflow.
+///
+/// The one record that crosses the boundary: with the `python` feature it is
+/// read field by field, by name, from Python's `guided.SamplingParams`, so a
+/// new sampling field is added there and here (and used where it applies).
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "python", derive(pyo3::FromPyObject))]
 pub struct RequestParams {
     pub max_tokens: i64,
     pub temperature: f64,
@@ -61,10 +66,14 @@ pub struct RequestParams {
     pub stop_token_ids: Vec<i64>,
     pub ignore_eos: bool,
     pub min_tokens: i64,
-    /// Added to the logits of these tokens (OpenAI's logit_bias).
+    /// Added to the logits of these tokens (OpenAI's logit_bias; a
+    /// `{token: bias}` dict or None on the Python side).
+    #[cfg_attr(feature = "python", pyo3(from_py_with = crate::python::logit_bias_pairs))]
     pub logit_bias: Vec<(i64, f64)>,
     /// Report logprobs with this many top alternatives (0..=MAX_TOP_LOGPROBS).
     pub logprobs: Option<i64>,
+    /// Under a grammar, append the tokens it forces without sampling them.
+    pub fast_forward: bool,
 }
 
 /// The most top alternatives a request may ask for per token (OpenAI's 20).
@@ -87,6 +96,7 @@ impl Default for RequestParams {
             min_tokens: 0,
             logit_bias: Vec::new(),
             logprobs: None,
+            fast_forward: true,
         }
     }
 }

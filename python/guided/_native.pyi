@@ -10,11 +10,16 @@ fine); a plan left without its ``update()`` is dropped at the next
 the prefix cache only once a later call confirms the pass ran.
 """
 
-from typing import Callable
+from typing import Callable, Self, final
 
 import numpy as np
 import numpy.typing as npt
 
+from guided.sampling_params import SamplingParams
+
+__all__ = ["Grammar", "GrammarCompiler", "Matcher", "Scheduler", "StepOutput", "StepPlan"]
+
+@final
 class StepPlan:
     """Flat arrays for one forward pass (read-only; created once per step).
 
@@ -46,6 +51,32 @@ class StepPlan:
     num_tokens: int
     """T."""
 
+@final
+class StepOutput:
+    """What ``Scheduler.update()`` did for one sampling row (read-only)."""
+
+    @property
+    def seq_id(self) -> int: ...
+    @property
+    def token(self) -> int:
+        """The token appended; -1 when none was (the mask allowed nothing, or
+        the grammar rejected it)."""
+    @property
+    def finish_reason(self) -> str | None:
+        """None (still running), "stop" (an end token, unless ignore_eos, or
+        a stop token, or the grammar is complete), "length" (max_tokens, or
+        the sequence reached max_model_len or the KV pool's size) or "error"
+        (``error`` says why)."""
+    @property
+    def num_cached_tokens(self) -> int:
+        """The request's prefix-cache hit at first admission."""
+    @property
+    def forced(self) -> list[int]:
+        """Tokens the grammar forced after ``token``, appended without sampling."""
+    @property
+    def error(self) -> str | None: ...
+
+@final
 class Scheduler:
     """Continuous batching over a paged KV cache of ``num_blocks`` blocks.
 
@@ -56,8 +87,8 @@ class Scheduler:
     recomputed. Raises ValueError on a bad configuration.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         num_blocks: int,
         block_size: int,
         max_num_seqs: int,
@@ -65,38 +96,28 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: list[int],
         enable_prefix_caching: bool = True,
-    ) -> None: ...
+    ) -> Self: ...
     def add_request(
         self,
         seq_id: int,
         prompt_token_ids: list[int],
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        seed: int | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repetition_penalty: float = 1.0,
-        stop_token_ids: list[int] = [],
-        ignore_eos: bool = False,
-        min_tokens: int = 0,
-        logit_bias: list[tuple[int, float]] = [],
+        params: SamplingParams,
         grammar: Grammar | None = None,
-        fast_forward: bool = True,
         close_on_length: bool = False,
-        logprobs: int | None = None,
     ) -> list[int]:
-        """Queue a request. ``seq_id`` in [0, 2**63), not in use; ``top_k`` 0
-        disables top-k; temperature 0 is greedy; ``seed`` None draws a random
-        seed. ``min_tokens``: end/stop tokens are not sampled (and do not stop)
-        before that many output tokens. ``logit_bias``: (token, bias) pairs
-        added to the logits before temperature. Raises ValueError, changing
-        nothing, on an empty prompt, a prompt that leaves no room to generate
-        in ``max_model_len`` or needs more blocks than the pool, a duplicate
-        id, or bad sampling parameters.
+        """Queue a request. ``seq_id`` in [0, 2**63), not in use. ``params``
+        is read field by field (max_tokens, temperature, top_p, top_k, min_p,
+        seed, presence/frequency/repetition penalties, stop_token_ids,
+        ignore_eos, min_tokens, logit_bias, logprobs, fast_forward); any
+        object with those attributes will do. top_k 0 disables top-k;
+        temperature 0 is greedy; seed None draws a random seed. min_tokens:
+        end/stop tokens are not sampled (and do not stop) before that many
+        output tokens. logit_bias ({token: bias} or None) is added to the
+        logits before temperature. Raises ValueError, changing nothing, on
+        an empty prompt, a prompt that leaves no room to generate in
+        ``max_model_len`` or needs more blocks than the pool, a duplicate
+        id, or bad sampling parameters (TypeError on a field of the wrong
+        type).
 
         With a ``grammar`` every sampled token is allowed by it (a hard mask),
         the grammar alone decides where the output may end (min_tokens does
@@ -142,22 +163,12 @@ class Scheduler:
         before temperature and filters. A row whose mask allows nothing gets
         token -1 and logprob -inf. Raises ValueError on a shape mismatch and
         RuntimeError before any plan."""
-    def update(
-        self, sampled: npt.NDArray[np.int64]
-    ) -> list[tuple[int, int, str | None, int, list[int], str | None]]:
+    def update(self, sampled: npt.NDArray[np.int64]) -> list[StepOutput]:
         """Append the sampled tokens ([R], ``sample`` order) and apply stop conditions.
 
-        Returns one ``(seq_id, token, finish_reason, num_cached_tokens,
-        forced_tokens, error)`` per row (rows of sequences aborted since
-        ``schedule()`` are left out). finish_reason is None (still running),
-        "stop" (an end token, unless ignore_eos, or a stop token, or the
-        grammar is complete), "length" (max_tokens, or the sequence reached
-        max_model_len or the KV pool's size) or "error" (``error`` says why).
-        token is -1 when it was not appended (the mask allowed nothing, or the
-        grammar rejected it). forced_tokens are the tokens the grammar forced
-        after it, appended without sampling. num_cached_tokens is the
-        request's prefix-cache hit at first admission. Finished sequences free
-        their blocks (full blocks stay cached) and are forgotten."""
+        Returns one StepOutput per row (rows of sequences aborted since
+        ``schedule()`` are left out). Finished sequences free their blocks
+        (full blocks stay cached) and are forgotten."""
     def abort(self, seq_id: int) -> bool:
         """Remove a sequence from any queue and free its blocks; False if
         unknown. Nothing is reported for it."""
@@ -175,6 +186,7 @@ class Scheduler:
         num_running, num_waiting, num_free_blocks (free or evictable),
         num_cached_blocks, num_blocks."""
 
+@final
 class GrammarCompiler:
     """Compiles llguidance grammars for one model's vocabulary.
 
@@ -188,14 +200,14 @@ class GrammarCompiler:
     longest-match stands in. Raises ValueError on a bad vocabulary.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         token_bytes: list[bytes],
         end_token_ids: list[int],
         vocab_size: int,
         cache_size: int = 128,
         tokenize: Callable[[str], list[int]] | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def vocab_size(self) -> int: ...
     def compile(self, grammar_json: str) -> Grammar:
@@ -207,11 +219,13 @@ class GrammarCompiler:
     def cache_stats(self) -> dict[str, int]:
         """hits, misses, size, capacity."""
 
+@final
 class Grammar:
     """A compiled grammar; cheap to start matchers from."""
 
     def matcher(self) -> Matcher: ...
 
+@final
 class Matcher:
     """One walk through a grammar, token by token. After an error (a rejected
     token, a grammar limit) the mask is all zero and ``error()`` says why."""

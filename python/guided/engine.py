@@ -165,14 +165,7 @@ class Engine:
             self._pending.append(StepUpdate(rid, "", None, done))
             return rid
         forced = self.scheduler.add_request(
-            rid, prompt_ids, max_tokens=params.max_tokens, temperature=params.temperature,
-            top_p=params.top_p, top_k=params.top_k, min_p=params.min_p, seed=params.seed,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            repetition_penalty=params.repetition_penalty,
-            stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-            min_tokens=params.min_tokens, logit_bias=list((params.logit_bias or {}).items()),
-            grammar=compiled, fast_forward=params.fast_forward, logprobs=params.logprobs,
+            rid, prompt_ids, params, compiled,
             close_on_length=compiled is not None and grammar.close_on_length)
         self.requests[rid] = req
         self._push_forced(req, forced)
@@ -210,25 +203,26 @@ class Engine:
         draws = dict(zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)))
         return pending + self._apply(self.scheduler.update(tokens), draws)
 
-    def _apply(self, events, draws: dict) -> list[StepUpdate]:
+    def _apply(self, events: list[_native.StepOutput], draws: dict) -> list[StepUpdate]:
         """``draws``: seq id → (logprob, top logprobs or None) of its sampled token."""
         updates = []
-        for rid, token, reason, num_cached, forced, error in events:
-            req = self.requests[rid]
+        for ev in events:
+            req, token, reason = self.requests[ev.seq_id], ev.token, ev.finish_reason
             if token < 0:  # nothing allowed or rejected: never an arbitrary token (rule 9)
-                updates.append(StepUpdate(rid, "", None, self._finish(
-                    req, "error", num_cached, error or "no token was allowed at this point")))
+                updates.append(StepUpdate(req.id, "", None, self._finish(
+                    req, "error", ev.num_cached_tokens,
+                    ev.error or "no token was allowed at this point")))
                 continue
-            lp, top = draws[rid]
+            lp, top = draws[req.id]
             if top is not None:  # the client's view: before temperature and filters
                 lp, top = top
             start = len(req.output_ids) - len(req.forced_start)
             # The sampled token, then those the grammar forced (probability 1).
-            new = [token, *forced]
+            new = [token, *ev.forced]
             self._append(req, token, lp, top)
-            for t in forced:
+            for t in ev.forced:
                 self._append(req, t, 0.0)
-            req.num_forced += len(forced)
+            req.num_forced += len(ev.forced)
             self.counters["generated_tokens"] += len(new)
             for t in new[:-1]:
                 req.detok.push(t)
@@ -236,13 +230,14 @@ class Engine:
             if not (reason == "stop" and new[-1] in self._stoppers(req)):
                 req.detok.push(new[-1])
             if reason is None and self._cut_at_stop_string(req):
-                self.scheduler.abort(rid)
+                self.scheduler.abort(req.id)
                 reason = "stop"
             req.forced_start = []
             if reason == "error":
-                update = StepUpdate(rid, "", token, self._finish(req, reason, num_cached, error))
+                update = StepUpdate(req.id, "", token,
+                                    self._finish(req, reason, ev.num_cached_tokens, ev.error))
             else:
-                update = self._update(req, token, reason, num_cached)
+                update = self._update(req, token, reason, ev.num_cached_tokens)
             self._fill_tokens(update, req, start)
             updates.append(update)
         return updates
