@@ -69,6 +69,11 @@ impl SeqBlocks {
         self.table.len()
     }
 
+    /// How many leading blocks are computed and hashed, and the last one's hash.
+    pub fn hashed(&self) -> (usize, Option<u64>) {
+        (self.hashes.len(), self.hashes.last().copied())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
@@ -85,6 +90,11 @@ pub struct CachedPrefix {
 impl CachedPrefix {
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// The hash of its last block (None for an empty prefix).
+    pub fn last_hash(&self) -> Option<u64> {
+        self.hashes.last().copied()
     }
 }
 
@@ -192,6 +202,28 @@ impl BlockManager {
             found.links.push(parent_link);
         }
         found
+    }
+
+    /// The hashes a lookup of `tokens` would chain through, from block
+    /// `from` on (`parent`: the hash of block `from - 1`): the full blocks
+    /// past a prefix that a sequence computes and then caches. Empty with
+    /// caching off.
+    pub fn hashes_from(&self, tokens: &[u32], from: usize, parent: Option<u64>) -> Vec<u64> {
+        if !self.caching || tokens.is_empty() {
+            return Vec::new();
+        }
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let mut parent = parent;
+        tokens
+            .chunks_exact(self.block_size)
+            .take(max_blocks)
+            .skip(from)
+            .map(|chunk| {
+                let hash = hash_block(parent, chunk);
+                parent = Some(hash);
+                hash
+            })
+            .collect()
     }
 
     /// Whether a sequence holding nothing yet can take `prefix` and grow to

@@ -9,7 +9,7 @@
 //! `schedule()`. If a forward pass fails, abort the plan's sequences before
 //! scheduling again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
@@ -356,17 +356,27 @@ impl Scheduler {
         self.counters.preemptions += 1;
     }
 
+    /// Admit waiting sequences in FIFO order. A sequence whose next
+    /// uncached block is one a running sequence is still computing (the
+    /// same prompt, or a shared prefix, admitted a moment before) waits:
+    /// a step later it finds that block cached instead of computing it again.
     fn schedule_waiting(&mut self, budget: &mut usize, chunks: &mut Vec<(SeqId, usize)>) {
         let bs = self.cfg.block_size;
+        let mut computing = self.blocks_being_computed();
         while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else { break };
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
             let prefix = self.bm.lookup(&seq.token_ids);
+            let ahead = self.bm.hashes_from(&seq.token_ids, prefix.num_blocks(), prefix.last_hash());
+            if ahead.first().is_some_and(|h| computing.contains(h)) {
+                break; // FIFO: nobody overtakes the head of the queue
+            }
             let hit = prefix.num_blocks() * bs;
             let n = (seq.len() - hit).min(*budget);
             if !self.bm.can_admit(&prefix, hit + n) {
-                break; // FIFO: nobody overtakes the head of the queue
+                break;
             }
+            computing.extend(ahead);
             self.waiting.pop_front();
             self.bm.take_prefix(&mut seq.blocks, prefix);
             let grown = self.bm.grow(&mut seq.blocks, hit + n);
@@ -380,6 +390,20 @@ impl Scheduler {
             chunks.push((id, n));
             *budget -= n;
         }
+    }
+
+    /// Hashes of the full blocks that running sequences have yet to compute
+    /// (prompts still being prefilled).
+    fn blocks_being_computed(&self) -> HashSet<u64> {
+        let mut out = HashSet::new();
+        for id in &self.running {
+            let seq = &self.seqs[id];
+            if seq.num_uncomputed() > 1 {
+                let (from, parent) = seq.blocks.hashed();
+                out.extend(self.bm.hashes_from(&seq.token_ids, from, parent));
+            }
+        }
+        out
     }
 
     /// Lay the chunks out flat and count them as computed.
@@ -663,6 +687,39 @@ mod tests {
         assert!(!s.has_unfinished());
         assert!(s.schedule().is_none());
         assert_eq!(s.bm.num_free_blocks(), 16);
+    }
+
+    #[test]
+    fn a_prompt_being_computed_is_not_computed_twice() {
+        let mut s = Scheduler::new(cfg(32, 16)).unwrap();
+        let shared = prompt(40, 0);
+        s.add_request(1, &shared, &req(2)).unwrap();
+        s.add_request(2, &shared, &req(2)).unwrap();
+        let mut other = prompt(40, 3);
+        other[0] = 49; // no block in common with `shared`
+        s.add_request(3, &other, &req(2)).unwrap();
+        // The second copy waits one step (and, FIFO, so does the one behind it)...
+        let plan = s.schedule().unwrap();
+        assert_eq!(plan.seq_ids, vec![1]);
+        s.update(&[5]).unwrap();
+        // ...and then finds the first one's two full blocks cached.
+        let plan = s.schedule().unwrap();
+        assert_eq!(plan.seq_ids, vec![1, 2, 3]);
+        assert_eq!(plan.query_start_loc, vec![0, 1, 9, 49]);
+        let out = s.update(&[5, 5, 5]).unwrap();
+        assert_eq!(out[1].num_cached_tokens, 32);
+        assert_eq!(out[2].num_cached_tokens, 0);
+        drain(&mut s, 5);
+    }
+
+    #[test]
+    fn prompts_with_nothing_in_common_start_together() {
+        let mut s = Scheduler::new(cfg(32, 16)).unwrap();
+        s.add_request(1, &prompt(20, 0), &req(2)).unwrap();
+        s.add_request(2, &prompt(20, 1), &req(2)).unwrap();
+        // a prompt shorter than a block shares no full block with anything
+        s.add_request(3, &prompt(10, 0), &req(2)).unwrap();
+        assert_eq!(s.schedule().unwrap().seq_ids, vec![1, 2, 3]);
     }
 
     #[test]
