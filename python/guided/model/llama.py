@@ -6,6 +6,7 @@ real tensors, so nothing is initialised twice.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -103,6 +104,17 @@ class CausalLM(nn.Module):
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> list[KVCache]:
+    """Zeroed K and V tensors per layer. On the CPU the zeros come from
+    calloc (numpy), whose pages the OS maps on first write: a large pool
+    costs nothing until it is used, where writing zeros into it took seconds."""
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    return [(_zeros(shape, dtype, device), _zeros(shape, dtype, device))
             for _ in range(config.num_layers)]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros((*shape[:-1], shape[-1] * size), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype)
