@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..chat import ChatOptions
 from ..sampling_params import SamplingParams
@@ -183,7 +183,12 @@ class GrammarRequest(_Common):
         fields = self.model_dump(exclude={"grammar", "prompt", "messages", "logprobs"},
                                  exclude_none=True)
         fields["structured_outputs"] = self.grammar.structured_outputs()
-        if self.prompt is not None:
-            return CompletionRequest(prompt=self.prompt, logprobs=self.logprobs, **fields)
-        return ChatCompletionRequest(messages=self.messages, logprobs=self.logprobs is not None,
-                                     top_logprobs=self.logprobs, **fields)
+        try:
+            if self.prompt is not None:
+                return CompletionRequest(prompt=self.prompt, logprobs=self.logprobs, **fields)
+            return ChatCompletionRequest(messages=self.messages, logprobs=self.logprobs is not None,
+                                         top_logprobs=self.logprobs, **fields)
+        except ValidationError as exc:  # e.g. an empty messages list
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or None
+            raise APIError(400, f"{where or 'body'}: {first['msg']}", param=where) from None
