@@ -138,7 +138,11 @@ class LLM:
         params = _per_prompt(sampling_params, len(conversations)) if sampling_params is not None \
             else [None] * len(conversations)
         opts = ChatOptions(**options)
-        plans = [self.prepare_chat(c, p, opts) for c, p in zip(conversations, params)]
+        return self.run_chat([self.prepare_chat(c, p, opts) for c, p in zip(conversations, params)])
+
+    def run_chat(self, plans: Sequence[ChatPlan]) -> list[ChatResponse]:
+        """Run chat requests planned by prepare_chat (each with its own
+        messages, sampling and options) in one engine batch."""
         rids, parsers = [], {}
         try:
             for plan in plans:
