@@ -1,7 +1,8 @@
 """JSONSchemaBench / MaskBench: coverage, compliance and mask speed of guided's JSON grammars.
 
     python benches/jsonschemabench.py ../shared/jsonschemabench/data [--json out.json]
-        [--tokenizer smollm2|deepseek] [--limit N] [--timeout S] [--jobs N]
+        [--results per_file.json] [--tokenizer smollm2|deepseek] [--limit N] [--timeout S]
+        [--jobs N]
 
 Every schema goes through the engine's own grammar path (sanitising and the
 default whitespace policy of ``guided.grammar.json_schema``, the composer, the
@@ -509,6 +510,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+", help="MaskBench files or folders of them")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--results", help="write every file's result per engine here (JSON: "
+                                      "{engine: [{file, status, message, validation, invalidation}]})")
     ap.add_argument("--tokenizer", default="smollm2", help="smollm2, deepseek or a GGUF path")
     ap.add_argument("--limit", type=int, default=None, help="only the first N files")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per schema and engine")
@@ -529,6 +532,11 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({e: out["summary"][e] for e in engines}, f, indent=2)
+    if args.results:
+        keys = ("file", "status", "message", "validation", "invalidation")
+        with open(args.results, "w") as f:
+            json.dump({e: [{k: getattr(r, k) for k in keys} for r in out["results"][e]]
+                       for e in engines}, f, indent=1)
     return 0
 
 

@@ -1,17 +1,30 @@
-"""Shared fixtures: the default model loaded once per test session."""
+"""Shared fixtures, each built once per test session: the default model and its
+transformers reference, the default tokenizer, the chat-family test models
+(one alive at a time: pytest runs every test of one family together) and the
+live servers (one per set of flags that cannot coexist).
+
+Hypothesis runs the "default" profile (a fixed, derandomised count);
+GUIDED_HYPOTHESIS=thorough runs many more cases.
+"""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+from helpers import families
+from helpers.live_server import API_KEY, running_server
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/families.py
+settings.register_profile("default", max_examples=100, derandomize=True, database=None,
+                          deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("thorough", max_examples=1000, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("GUIDED_HYPOTHESIS", "default"))
 
 
 @pytest.fixture(scope="session")
@@ -31,19 +44,32 @@ def llm():
 
 @pytest.fixture(scope="session")
 def hf_default(default_gguf):
-    """transformers' own load of the same GGUF, fp32 on CPU: the reference."""
+    """transformers' own load of the same GGUF (its dequantisation, its Q/K
+    un-permute), fp32 on CPU: the reference model."""
     transformers = pytest.importorskip("transformers")
     path = Path(default_gguf)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.eval(), tok
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tok(default_gguf):
+    """The default model's tokenizer: (tokenizers.Tokenizer, llguidance.LLTokenizer)."""
+    llguidance = pytest.importorskip("llguidance")
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    info = gguf_tokenizer_info(GGUFFile(default_gguf).metadata)
+    hf = info["tokenizer"]
+    return hf, llguidance.LLTokenizer(hf.to_str(), eos_token=sorted(info["end_token_ids"]))
+
+
+# -- the chat families -----------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def family_root(tmp_path_factory, default_gguf):
-    """Where the chat-family test models are built (see tests/families.py)."""
-    import families
+    """Where the chat-family test models are built (see helpers/families.py)."""
     if not families.TEMPLATES.is_dir():
         pytest.skip(f"the family templates are in {families.TEMPLATES}, which is absent")
     root = tmp_path_factory.mktemp("families")
@@ -51,21 +77,41 @@ def family_root(tmp_path_factory, default_gguf):
     return root
 
 
-_FAMILY_LLM: dict = {}
+@pytest.fixture(scope="session", params=[f.name for f in families.FAMILIES])
+def family(request) -> str:
+    """Every chat family in turn. Session-scoped, so pytest runs every test of
+    one family together, across modules, and loads its model once."""
+    return request.param
 
 
-@pytest.fixture
-def family_llm(family_root, default_gguf):
-    """family name → an LLM of that family (one alive at a time: they are big)."""
-    import families
+@pytest.fixture(scope="session")
+def family_llm(family, family_root, default_gguf):
+    """The current family's model (released when the next family starts)."""
     from guided import LLM
+    return LLM(families.family_path(family, family_root, default_gguf), max_num_seqs=64,
+               kv_cache_tokens=24576)
 
-    def get(name: str):
-        if name not in _FAMILY_LLM:
-            _FAMILY_LLM.clear()
-            family = families.BY_NAME[name]
-            path = default_gguf if family.template is None else \
-                families.build(family, default_gguf, family_root, family_root / "weights.safetensors")
-            _FAMILY_LLM[name] = LLM(path, max_num_seqs=24, kv_cache_tokens=24576)
-        return _FAMILY_LLM[name]
-    return get
+
+# -- live servers ------------------------------------------------------------
+
+#: The default model's server, shared by the server tests: the API key, raw
+#: constraints, tool grammars for tool_choice="auto", room for 64 streams.
+SERVE_ARGS = ("--api-key", API_KEY, "--kv-cache-tokens", "32768", "--max-num-seqs", "64",
+              "--allow-constraint-api", "--enable-tool-grammar", "--max-grammar-bytes", "20000",
+              "--max-grammar-compile-seconds", "5", "--served-model-name", "served")
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The base URL of the shared server (SERVE_ARGS)."""
+    with running_server(*SERVE_ARGS) as base:
+        yield base
+
+
+@pytest.fixture(scope="session")
+def small_server():
+    """A server with no optional flag and room for little: 2 running
+    sequences, 4 waiting, no raw constraints."""
+    with running_server("--kv-cache-tokens", "4096", "--max-num-seqs", "2",
+                        "--max-queue", "4") as base:
+        yield base

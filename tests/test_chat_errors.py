@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from guided import LLM, SamplingParams
-from test_chat_tools import ASK, TOOLS
+from helpers.tools import ASK, TOOLS
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from families import FAMILIES, build
 from guided.chat.chat_format import ChatFormat, normalize_messages
 from guided.chat.grammar import ReasoningPlan, compose_chat
 from guided.special_tokens import SpecialTokens
 from guided.tokenizer import TokenizerWrapper
+from helpers.families import FAMILIES, build
 
 
 def chat_format_of(info: dict, template: str | None = None) -> ChatFormat:
@@ -76,7 +76,7 @@ def test_deepseek_registry(deepseek):
 
 def test_generation_prompt_opening_reasoning_starts_the_grammar_inside(deepseek):
     _, info = deepseek
-    from families import BY_NAME, template_text
+    from helpers.families import BY_NAME, template_text
     chat = chat_format_of(info, template_text(BY_NAME["deepseek-r1"]))
     s = chat.special
     enc = chat.encode([{"role": "user", "content": "2+2?"}], kwargs={"enable_thinking": True})
@@ -92,7 +92,7 @@ def test_generation_prompt_opening_reasoning_starts_the_grammar_inside(deepseek)
 
 @pytest.mark.parametrize("family", [f.name for f in FAMILIES])
 def test_generation_prompt_is_extracted(family, formats):
-    from families import BY_NAME
+    from helpers.families import BY_NAME
     chat = formats[family]
     enc = chat.encode([{"role": "user", "content": "Hello"}])
     assert enc.generation_prompt == BY_NAME[family].generation_prompt

@@ -1,6 +1,10 @@
 """Tool calls, reasoning and response_format through LLM.chat, for every
 tool-call format, on real weights with each family's real template
-(tests/families.py)."""
+(tests/helpers/families.py).
+
+Every request a family's tests make runs in one engine batch (the ``sweep``
+fixture); each test checks its own group of answers.
+"""
 from __future__ import annotations
 
 import json
@@ -8,38 +12,68 @@ import json
 import jsonschema
 import pytest
 
-from families import FAMILIES
 from guided import ChatOptions, SamplingParams
+from helpers.families import BY_NAME
+from helpers.tools import ASK, SCHEMAS, TOOLS
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "London", "Tokyo", "Lima"]},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-SEARCH = {"type": "function", "function": {
-    "name": "search_flights", "description": "Find flights between two airports",
-    "parameters": {"type": "object", "properties": {
-        "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "passengers": {"type": "integer", "minimum": 1, "maximum": 9}},
-        "required": ["origin", "destination", "passengers"], "additionalProperties": False}}}
-TOOLS = [WEATHER, SEARCH]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-
-names = [f.name for f in FAMILIES]
+NAMED = {"type": "function", "function": {"name": "search_flights"}}
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                   "sunny": {"type": "boolean"}},
+                  "required": ["city", "sunny"], "additionalProperties": False}
+WEATHER_FORMAT = {"type": "json_schema",
+                  "json_schema": {"name": "weather", "schema": WEATHER_SCHEMA, "strict": True}}
+#: the option sets whose answers are parsed again token by token
+STREAMED = ({"tools": TOOLS, "tool_choice": "required"}, {"tools": TOOLS, "tool_choice": "auto"},
+            {"reasoning_effort": None})
 
 
-@pytest.fixture(scope="module", params=names)
-def family(request):
-    """Module-scoped, so pytest runs every test of one family together and
-    loads each family's model once."""
-    return request.param
+def sampled(n: int, max_tokens: int = 96) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=s) for s in range(n)]
+
+
+def requests(family: str) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]:
+    """Each test's requests (all asking ASK), by group."""
+    def group(params, **options):
+        return [(p, ChatOptions(**options)) for p in params]
+    out = {
+        "required": group(sampled(20), tools=TOOLS, tool_choice="required"),
+        "named": group(sampled(6), tools=TOOLS, tool_choice=NAMED),
+        "auto": group(sampled(8, 64), tools=TOOLS, tool_choice="auto"),
+        "parallel_false": group(sampled(6, 160), tools=TOOLS, tool_choice="required",
+                                parallel_tool_calls=False),
+        "streamed": [(SamplingParams(max_tokens=48, temperature=1.0, seed=seed), ChatOptions(**o))
+                     for o in STREAMED for seed in range(3)],
+    }
+    if BY_NAME[family].reasoning:
+        out |= {
+            "json_after_reasoning": group(sampled(4, 400), response_format=WEATHER_FORMAT,
+                                          reasoning_effort="minimal"),
+            "reasoning_none": group(sampled(4, 40), reasoning_effort="none"),
+            # the reasoning block must end by token 128 + 4: past 160 the
+            # verdict is the same (its end is missing or late)
+            "reasoning_budget": group([SamplingParams(max_tokens=160, temperature=1.0, seed=3)],
+                                      reasoning_effort="minimal"),
+        }
+    return out
+
+
+@pytest.fixture(scope="session")
+def sweep(family, family_llm) -> dict[str, list]:
+    """Group → (params, options, reply) per request, all run in one batch."""
+    groups = requests(family)
+    flat = [(name, p, o) for name, reqs in groups.items() for p, o in reqs]
+    replies = family_llm.run_chat([family_llm.prepare_chat(ASK, p, o) for _, p, o in flat])
+    out: dict[str, list] = {name: [] for name in groups}
+    for (name, p, o), reply in zip(flat, replies):
+        out[name].append((p, o, reply))
+    return out
+
+
+def replies(sweep, group: str) -> list:
+    return [r for _, _, r in sweep[group]]
 
 
 def reasoning_only(family):
-    from families import BY_NAME
     if not BY_NAME[family].reasoning:
         pytest.skip(f"{family}'s template and tokenizer have no reasoning block")
 
@@ -52,24 +86,16 @@ def assert_valid_calls(calls, allowed=None):
         assert call["type"] == "function" and call["id"]
 
 
-def sampled(n: int, max_tokens: int = 96) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=s) for s in range(n)]
-
-
 def test_detected_format(family, family_llm):
-    from families import BY_NAME
-    llm = family_llm(family)
-    chat = llm.chat_format
+    chat = family_llm.chat_format
     assert chat.tools.format.name == BY_NAME[family].tool_format
     assert (chat.reasoning is not None) == BY_NAME[family].reasoning
     eos = BY_NAME[family].eos
-    assert chat.special.id_of_text(eos) in llm.engine.special.end_ids
+    assert chat.special.id_of_text(eos) in family_llm.engine.special.end_ids
 
 
-def test_required_gives_valid_calls_at_temperature_one(family, family_llm):
-    llm = family_llm(family)
-    replies = llm.chat_batch([ASK] * 20, sampled(20), tools=TOOLS, tool_choice="required")
-    for r in replies:
+def test_required_gives_valid_calls_at_temperature_one(sweep):
+    for r in replies(sweep, "required"):
         # an untrained model may keep adding parallel calls until max_tokens:
         # the calls completed by then are returned, a cut one is not
         assert r.finish_reason in ("tool_calls", "length"), (r.finish_reason, r.output.text)
@@ -77,61 +103,46 @@ def test_required_gives_valid_calls_at_temperature_one(family, family_llm):
         assert_valid_calls(r.tool_calls)
 
 
-def test_named_choice_gives_that_tool_once(family, family_llm):
-    llm = family_llm(family)
-    choice = {"type": "function", "function": {"name": "search_flights"}}
-    replies = llm.chat_batch([ASK] * 6, sampled(6), tools=TOOLS, tool_choice=choice)
-    for r in replies:
+def test_named_choice_gives_that_tool_once(sweep):
+    for r in replies(sweep, "named"):
         assert len(r.tool_calls) == 1, r.output.text
         assert_valid_calls(r.tool_calls, {"search_flights"})
 
 
-def test_auto_gives_valid_calls_or_text(family, family_llm):
-    llm = family_llm(family)
-    replies = llm.chat_batch([ASK] * 8, sampled(8, 64), tools=TOOLS, tool_choice="auto")
-    for r in replies:
+def test_auto_gives_valid_calls_or_text(sweep, family_llm):
+    special = family_llm.engine.special
+    for r in replies(sweep, "auto"):
         if r.tool_calls:
             assert_valid_calls(r.tool_calls)
             assert r.finish_reason == "tool_calls"
         else:
             assert r.content, r.output.text
-        for ctl in llm.engine.special.control_ids:
-            assert llm.engine.special.text(ctl) not in (r.content or "")
+        for ctl in special.control_ids:
+            assert special.text(ctl) not in (r.content or "")
 
 
-def test_parallel_false_gives_at_most_one_call(family, family_llm):
-    llm = family_llm(family)
-    replies = llm.chat_batch([ASK] * 6, sampled(6, 160), tools=TOOLS, tool_choice="required",
-                             parallel_tool_calls=False)
-    for r in replies:
+def test_parallel_false_gives_at_most_one_call(sweep):
+    for r in replies(sweep, "parallel_false"):
         assert len(r.tool_calls) == 1
 
 
-def test_json_schema_answer_after_reasoning(family, family_llm):
+def test_json_schema_answer_after_reasoning(family, sweep):
     reasoning_only(family)
-    llm = family_llm(family)
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                               "sunny": {"type": "boolean"}},
-              "required": ["city", "sunny"], "additionalProperties": False}
-    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
-    replies = llm.chat_batch([ASK] * 4, sampled(4, 400), response_format=fmt, reasoning_effort="minimal")
-    for r in replies:
+    for r in replies(sweep, "json_after_reasoning"):
         assert r.reasoning_content, r.output.text
-        jsonschema.validate(json.loads(r.content), schema)
+        jsonschema.validate(json.loads(r.content), WEATHER_SCHEMA)
         assert r.finish_reason == "stop"
 
 
-def test_reasoning_none_and_budget(family, family_llm):
+def test_reasoning_none_and_budget(family, sweep, family_llm):
     reasoning_only(family)
-    llm = family_llm(family)
-    start = llm.chat_format.special.id("reasoning_start")
-    off = llm.chat_batch([ASK] * 4, sampled(4, 40), reasoning_effort="none")
-    for r in off:
+    special = family_llm.chat_format.special
+    start = special.id("reasoning_start")
+    for r in replies(sweep, "reasoning_none"):
         assert r.reasoning_content is None and start not in r.output.token_ids
-    budget = llm.chat(ASK, SamplingParams(max_tokens=300, temperature=1.0, seed=3),
-                      reasoning_effort="minimal")
+    budget, = replies(sweep, "reasoning_budget")
     ids = budget.output.token_ids
-    end = llm.chat_format.special.id("reasoning_end")
+    end = special.id("reasoning_end")
     assert end in ids, budget.output.text
     assert ids.index(end) <= 128 + 4   # the minimal budget plus the block's markup
 
@@ -148,34 +159,30 @@ def reassemble(deltas) -> tuple:
     return content or None, reasoning or None, [calls[i] for i in sorted(calls)]
 
 
-def test_streaming_agrees_with_whole(family, family_llm):
+def test_streaming_agrees_with_whole(sweep, family_llm):
     """The same tokens parsed one at a time (the finest a stream can be) and
     as the engine delivered them give the same message, with no control
     token in any text; chat_stream ends with the finish reason."""
-    llm = family_llm(family)
+    llm = family_llm
     texts = [llm.engine.special.text(t) for t in llm.engine.special.control_ids]
-    for options in ({"tools": TOOLS, "tool_choice": "required"},
-                    {"tools": TOOLS, "tool_choice": "auto"}, {"reasoning_effort": None}):
-        for seed in range(3):
-            params = SamplingParams(max_tokens=48, temperature=1.0, seed=seed)
-            whole = llm.chat(ASK, params, **options)
-            parser = llm.prepare_chat(ASK, params, ChatOptions(**options)).parser()
-            deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
-            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                     for c in whole.tool_calls]
-            content, reasoning, streamed_calls = reassemble(deltas)
-            assert (content, reasoning) == (whole.content, whole.reasoning_content)
-            # a call cut by max_tokens was streamed in part, but is not a call
-            assert streamed_calls[:len(calls)] == calls
-            assert len(streamed_calls) == len(calls) or whole.finish_reason == "length"
-            # a control token's text shows only where the model wrote those
-            # characters as plain text tokens, never for the token itself
-            shown = (whole.content or "") + (whole.reasoning_content or "") + \
-                "".join(c["arguments"] for c in calls)
-            control = llm.engine.special.control_ids
-            plain = llm.tokenizer.decode([t for t in whole.output.token_ids if t not in control],
-                                         skip_special_tokens=False)
-            assert all(shown.count(t) <= plain.count(t) for t in texts), (shown, plain)
+    for params, options, whole in sweep["streamed"]:
+        parser = llm.prepare_chat(ASK, params, options).parser()
+        deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for c in whole.tool_calls]
+        content, reasoning, streamed_calls = reassemble(deltas)
+        assert (content, reasoning) == (whole.content, whole.reasoning_content)
+        # a call cut by max_tokens was streamed in part, but is not a call
+        assert streamed_calls[:len(calls)] == calls
+        assert len(streamed_calls) == len(calls) or whole.finish_reason == "length"
+        # a control token's text shows only where the model wrote those
+        # characters as plain text tokens, never for the token itself
+        shown = (whole.content or "") + (whole.reasoning_content or "") + \
+            "".join(c["arguments"] for c in calls)
+        control = llm.engine.special.control_ids
+        plain = llm.tokenizer.decode([t for t in whole.output.token_ids if t not in control],
+                                     skip_special_tokens=False)
+        assert all(shown.count(t) <= plain.count(t) for t in texts), (shown, plain)
     streamed = list(llm.chat_stream(ASK, SamplingParams(max_tokens=48), tools=TOOLS,
                                     tool_choice="required"))
     assert streamed[-1].finish_reason in ("tool_calls", "length")

@@ -11,8 +11,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import json_schema_grammar, sanitize_json_schema
-
-from json_schema_check import accepts, tok, valid  # noqa: F401 - tok is a fixture
+from helpers.json_schema import accepts, valid
 
 
 # ------------------------------------------------------------------ sanitising

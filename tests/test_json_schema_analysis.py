@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from guided.grammar.json_schema.sanitizer import Sanitizer
-
-from json_schema_check import SAMPLES, valid
+from helpers.json_schema import SAMPLES, valid
 
 S = Sanitizer({})
 

@@ -6,8 +6,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import sanitize_json_schema
-
-from json_schema_check import accepts, rewritten_valid, tok, valid  # noqa: F401 - tok is a fixture
+from helpers.json_schema import accepts, rewritten_valid, valid
 
 ARRAYS = [[], [1], [5], [1, 5], [5, 1], [1, 1], [5, 5], [1, 2, 3], ["a"], ["a", "a"]]
 

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from guided.grammar.json_schema import sanitize_json_schema
-
-from json_schema_check import SAMPLES, rewritten_valid, valid
+from helpers.json_schema import SAMPLES, rewritten_valid, valid
 
 
 def test_type_pushed_into_referenced_options():

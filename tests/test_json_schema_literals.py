@@ -7,8 +7,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import sanitize_json_schema
-
-from json_schema_check import SAMPLES, accepts, rewritten_valid, tok, valid  # noqa: F401
+from helpers.json_schema import SAMPLES, accepts, rewritten_valid, valid
 
 D7 = "http://json-schema.org/draft-07/schema#"
 

@@ -9,8 +9,7 @@ import pytest
 from guided.grammar.json_schema import sanitize_json_schema
 from guided.grammar.json_schema.lookaround import (never_matches, not_prefixed, rewrite_pattern,
                                                    split_negative_lookahead)
-
-from json_schema_check import accepts, rewritten_valid, tok, valid  # noqa: F401 - tok is a fixture
+from helpers.json_schema import accepts, rewritten_valid, valid
 
 WORDS = ["", "o", "or", "org", "org.", "org.b", "org.bukkit.x", "orz", "x", "org-b", "\n"]
 

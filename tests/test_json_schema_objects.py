@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from guided.grammar.json_schema import sanitize_json_schema
-
-from json_schema_check import rewritten_valid, valid
+from helpers.json_schema import rewritten_valid, valid
 
 OBJECTS = [{}, {"a": 1}, {"b": 1}, {"c": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 2},
            {"a": 1, "b": 2, "c": 3}, {"bb": 1}, {"z": 0}]

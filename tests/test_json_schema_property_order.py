@@ -11,8 +11,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import sanitize_json_schema
-
-from json_schema_check import accepts, rewritten_valid, tok, valid  # noqa: F401 - tok is a fixture
+from helpers.json_schema import accepts, rewritten_valid, valid
 
 SMALL = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
                                           "c": {"type": "boolean"}},

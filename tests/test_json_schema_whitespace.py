@@ -9,8 +9,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import BOUNDED_WHITESPACE, json_schema_grammar, whitespace_options
-
-from json_schema_check import accepts, matcher, tok  # noqa: F401 - tok is a fixture
+from helpers.json_schema import accepts, matcher
 
 OBJ = {
     "type": "object",

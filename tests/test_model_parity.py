@@ -81,6 +81,18 @@ class PagedRunner:
             hidden = self.step({seq: [out[-1]]})
         return out
 
+    def greedy_together(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        """Greedy tokens of several prompts whose decode steps are shared."""
+        first = len(self.tables) + 1000
+        hidden = {first + i: self.step({first + i: p})[-1:] for i, p in enumerate(prompts)}
+        outs = {s: [] for s in hidden}
+        for _ in range(n):
+            for s, h in hidden.items():
+                outs[s].append(int(self.model.compute_logits(h).argmax()))
+            step = self.step({s: [o[-1]] for s, o in outs.items()})
+            hidden = {s: step[i:i + 1] for i, s in enumerate(outs)}
+        return list(outs.values())
+
 
 def last_logits(model, config, ids: list[int]) -> torch.Tensor:
     runner = PagedRunner(model, config)
@@ -97,31 +109,15 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
 # ---------------------------------------------------------------- the default GGUF (SmolLM2)
 
 @pytest.fixture(scope="session")
-def smollm():
-    try:
-        return load_model(dtype=torch.float32)
-    except ModelNotFoundError as e:
-        pytest.skip(str(e))
+def smollm(llm):
+    """The default GGUF loaded in fp32 (the session's LLM holds it)."""
+    return llm.loaded
 
 
 @pytest.fixture(scope="session")
-def hf_smollm(smollm):
+def hf_smollm(hf_default):
     """transformers' own reading of the same GGUF (its dequantisation, its Q/K un-permute)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    directory, name = os.path.split(smollm.path)
-    try:
-        return AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32).eval()
-    except ValueError as e:  # from_pretrained wants `accelerate` for GGUF; the same steps without it:
-        if "accelerate" not in str(e):
-            raise
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory, gguf_file=name),
-                                             dtype=torch.float32)
-    tensors = load_gguf_checkpoint(smollm.path, return_tensors=True, model_to_load=model)["tensors"]
-    missing = model.load_state_dict(tensors, strict=False).missing_keys
-    assert set(missing) <= {"lm_head.weight"}
-    model.tie_weights()
-    return model.eval()
+    return hf_default
 
 
 def test_default_model_metadata(smollm):
@@ -143,10 +139,11 @@ def test_gguf_logits_match_transformers(smollm, hf_smollm):
 
 @pytest.mark.slow
 def test_gguf_greedy_matches_transformers_generate(smollm, hf_smollm):
-    for prompt in PROMPTS:
-        ids = smollm.tokenizer.encode(prompt).ids
+    # ours decodes the prompts together (decoding is batch invariant, below)
+    prompts = [smollm.tokenizer.encode(p).ids for p in PROMPTS]
+    runner = PagedRunner(smollm.model, smollm.config)
+    for prompt, ids, ours in zip(PROMPTS, prompts, runner.greedy_together(prompts, 64)):
         ref = hf_greedy(hf_smollm, ids, 64)
-        ours = PagedRunner(smollm.model, smollm.config).greedy(ids, 64)
         assert ours == ref, (prompt, smollm.tokenizer.decode(ours), smollm.tokenizer.decode(ref))
 
 
@@ -194,15 +191,8 @@ def test_decode_is_batch_invariant(smollm):
     tok = smollm.tokenizer
     prompts = [tok.encode(p).ids for p in PROMPTS]
     solo = PagedRunner(smollm.model, smollm.config).greedy(prompts[0], 16)
-    runner = PagedRunner(smollm.model, smollm.config)
-    hidden = {s: runner.step({s: p})[-1:] for s, p in enumerate(prompts)}
-    outs = {s: [] for s in hidden}
-    for _ in range(16):
-        for s, h in hidden.items():
-            outs[s].append(int(smollm.model.compute_logits(h).argmax()))
-        step = runner.step({s: [o[-1]] for s, o in outs.items()})
-        hidden = {s: step[s:s + 1] for s in outs}
-    assert outs[0] == solo
+    together = PagedRunner(smollm.model, smollm.config).greedy_together(prompts, 16)
+    assert together[0] == solo
 
 
 # ---------------------------------------------------------------- tiny random HF models

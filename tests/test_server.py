@@ -9,17 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from live_server import get, metric, post, running_server
-
-API_KEY = "test-key"
-SERVE_ARGS = ("--api-key", API_KEY, "--kv-cache-tokens", "16384", "--allow-constraint-api",
-              "--max-grammar-bytes", "20000")
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*SERVE_ARGS) as base:
-        yield base
+from helpers.live_server import API_KEY, get, metric, post
 
 
 @pytest.fixture(scope="module")
@@ -195,21 +185,20 @@ def test_grammar_endpoint(server):
     assert json.loads(text)["choices"][0]["message"]["content"] == "Paris"
 
 
-def test_constraints_need_the_flag():
-    with running_server("--kv-cache-tokens", "4096") as base:
-        plain = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
-        model = plain.models.list().data[0].id
-        for so in ({"regex": "a+"}, {"choice": ["a"]}, {"grammar": 'start: "a"'}):
-            with pytest.raises(openai.BadRequestError, match="--allow-constraint-api"):
-                plain.chat.completions.create(model=model, messages=ASK, max_tokens=4,
-                                              extra_body={"structured_outputs": so})
-        status, _, text = post(base + "/v1/grammar", json.dumps(
-            {"grammar": {"type": "regex", "content": "a"}, "prompt": "x"}).encode())
-        assert status == 400 and "--allow-constraint-api" in json.loads(text)["error"]["message"]
-        out = plain.chat.completions.create(  # JSON schemas are always on
-            model=model, messages=ASK, max_tokens=60, temperature=0,
-            extra_body={"structured_outputs": {"json": SCHEMA}})
-        jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+def test_constraints_need_the_flag(small_server):
+    plain = openai.OpenAI(base_url=small_server + "/v1", api_key="x", max_retries=0)
+    model = plain.models.list().data[0].id
+    for so in ({"regex": "a+"}, {"choice": ["a"]}, {"grammar": 'start: "a"'}):
+        with pytest.raises(openai.BadRequestError, match="--allow-constraint-api"):
+            plain.chat.completions.create(model=model, messages=ASK, max_tokens=4,
+                                          extra_body={"structured_outputs": so})
+    status, _, text = post(small_server + "/v1/grammar", json.dumps(
+        {"grammar": {"type": "regex", "content": "a"}, "prompt": "x"}).encode())
+    assert status == 400 and "--allow-constraint-api" in json.loads(text)["error"]["message"]
+    out = plain.chat.completions.create(  # JSON schemas are always on
+        model=model, messages=ASK, max_tokens=60, temperature=0,
+        extra_body={"structured_outputs": {"json": SCHEMA}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
 
 
 # -- 4. errors: OpenAI's shape, and the server keeps serving --------------
@@ -250,7 +239,7 @@ def test_bad_requests_are_400_and_server_survives(client, model, kwargs, needle)
     with pytest.raises(openai.BadRequestError, match=needle) as err:
         client.chat.completions.create(**args)
     assert err.value.body and "message" in err.value.body
-    ok = client.chat.completions.create(model=model, max_tokens=2,
+    ok = client.chat.completions.create(model=model, max_tokens=2, temperature=0,
                                         messages=[{"role": "user", "content": "hi"}])
     assert ok.choices[0].message.content is not None
 
@@ -268,6 +257,12 @@ def test_malformed_bodies_are_400_in_one_shape(server):
     status, _, text = post(server + "/v1/nowhere", b"{}", API_KEY)
     assert status == 404 and _error(status, text)
     assert get(server + "/health")[0] == 200
+
+
+def test_grammar_endpoint_names_a_bad_inner_field(server):
+    body = {"grammar": {"type": "lark", "content": 'start: "a"'}, "messages": []}
+    status, _, text = post(server + "/v1/grammar", json.dumps(body).encode(), API_KEY)
+    assert status == 400 and _error(status, text)["param"] == "messages", text
 
 
 def test_prompt_too_long_is_400(client, model):

@@ -8,9 +8,8 @@ import time
 
 import jsonschema
 import openai
-import pytest
 
-from live_server import metric, running_server
+from helpers.live_server import API_KEY, metric
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "rain": {"type": "boolean"}},
@@ -50,15 +49,9 @@ def _check(r: dict) -> None:
         assert r["reasons"][0] in ("stop", "length") and "<|im_end|>" not in r["content"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with running_server("--kv-cache-tokens", "32768", "--max-num-seqs", "64") as base:
-        yield base
-
-
 def test_64_concurrent_mixed_streams(server):
     async def main():
-        client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="x", max_retries=0,
+        client = openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0,
                                     timeout=600)
         model = (await client.models.list()).data[0].id
         kinds = ["free", "json", "tool"] * 22
@@ -85,7 +78,7 @@ def test_clients_leaving_mid_stream_free_their_blocks(server):
         await stream.close()
 
     async def main():
-        client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="x", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
         model = (await client.models.list()).data[0].id
         await asyncio.gather(*(leave(client, model, i) for i in range(8)))
     asyncio.run(main())
@@ -97,7 +90,7 @@ def test_clients_leaving_mid_stream_free_their_blocks(server):
     assert metric(server, "guided_kv_cache_usage_ratio") == idle
 
 
-def test_bounded_queue_answers_503_and_serves_the_rest():
+def test_bounded_queue_answers_503_and_serves_the_rest(small_server):
     async def one(client, model, i):
         try:
             out = await client.completions.create(model=model, prompt=f"Count {i}:", max_tokens=24,
@@ -111,9 +104,7 @@ def test_bounded_queue_answers_503_and_serves_the_rest():
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         model = (await client.models.list()).data[0].id
         return await asyncio.gather(*(one(client, model, i) for i in range(16)))
-    with running_server("--kv-cache-tokens", "4096", "--max-num-seqs", "2",
-                        "--max-queue", "4") as base:
-        results = asyncio.run(main(base))
+    results = asyncio.run(main(small_server))
     # 6 fit (2 running + 4 waiting); the rest arrive while those still run
     assert results.count(503) >= 8
     assert results.count("length") == 16 - results.count(503) and results.count("length") >= 6

@@ -2,17 +2,18 @@
 chat layer's formats: the default model's text envelope, Hermes
 (<tool_call> JSON) and Qwen3-Coder (XML parameters). The family test models
 are the default weights under each family's tokenizer markers and template
-(tests/families.py); what is checked is what the engine guarantees."""
+(tests/helpers/families.py); what is checked is what the engine guarantees."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
 import pytest
 
-import families
-from live_server import running_server
+from helpers.families import family_path
+from helpers.live_server import API_KEY, running_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -32,9 +33,14 @@ ASK = [{"role": "system", "content": "You are a weather assistant. " * 30},
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen2.5", "qwen3-coder"])
 def chat(request, family_root, default_gguf):
-    family = families.BY_NAME[request.param]
-    path = default_gguf if family.template is None else \
-        families.build(family, default_gguf, family_root, family_root / "weights.safetensors")
+    """(client, model id) of a server of the family: the default model's is
+    the shared server (conftest.py); the others are started here."""
+    if request.param == "smollm2":
+        client = openai.OpenAI(base_url=request.getfixturevalue("server") + "/v1",
+                               api_key=API_KEY, max_retries=0)
+        yield client, client.models.list().data[0].id
+        return
+    path = family_path(request.param, family_root, default_gguf)
     with running_server("--model", path, "--kv-cache-tokens", "16384",
                         "--enable-tool-grammar") as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
@@ -49,23 +55,25 @@ def _valid(calls) -> None:
 
 
 def test_required_named_and_auto(chat):
+    """Seven requests at once (the server batches them): three with
+    tool_choice "required", one naming a tool, three "auto"."""
     client, model = chat
-    for seed in range(3):
-        out = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                             tool_choice="required", max_tokens=128,
-                                             temperature=1.0, seed=seed, parallel_tool_calls=False)
+    common = dict(model=model, messages=ASK, tools=TOOLS, max_tokens=128, temperature=1.0)
+    required = [dict(common, tool_choice="required", seed=seed, parallel_tool_calls=False)
+                for seed in range(3)]
+    named = [dict(common, seed=5, tool_choice={"type": "function", "function": {"name": "get_time"}})]
+    auto = [dict(common, seed=seed, parallel_tool_calls=False) for seed in range(3)]
+    with ThreadPoolExecutor(len(required + named + auto)) as pool:
+        outs = list(pool.map(lambda kw: client.chat.completions.create(**kw),
+                             required + named + auto))
+    for out in outs[:3]:
         assert out.choices[0].finish_reason == "tool_calls"
         _valid(out.choices[0].message.tool_calls)
-    named = client.chat.completions.create(
-        model=model, messages=ASK, tools=TOOLS, max_tokens=128, temperature=1.0, seed=5,
-        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    named = outs[3]
     assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
     _valid(named.choices[0].message.tool_calls)
-    for seed in range(3):
-        auto = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS,
-                                              max_tokens=128, temperature=1.0, seed=seed,
-                                              parallel_tool_calls=False)
-        choice = auto.choices[0]
+    for out in outs[4:]:
+        choice = out.choices[0]
         if choice.message.tool_calls:   # the grammar makes any call it writes valid
             _valid(choice.message.tool_calls)
             assert choice.finish_reason in ("tool_calls", "length")

@@ -83,6 +83,8 @@ OWN_SCHEMAS: dict[str, dict] = {
 }
 
 
+WHITESPACE_SCHEMA = obj({"a": {"type": "boolean"}, "b": {"enum": [1, 2]}}, additionalProperties=False)
+
 RECURSIVE = {"$defs": {"node": obj({"v": {"type": "integer"},
                                     "next": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/node"}]}})},
              "$ref": "#/$defs/node"}
@@ -156,16 +158,42 @@ def _validator(schema: dict):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def _check_suite(llm, schemas: dict[str, dict], temperature: float) -> dict[str, str]:
-    """Generate once per schema (all in one batch); returns the schemas that
-    did not compile, with their messages. Every other output must validate."""
-    names = list(schemas)
-    params = [SamplingParams(max_tokens=400, temperature=temperature, seed=i,
-                             structured_outputs={"json": tighten(schemas[n])})
-              for i, n in enumerate(names)]
-    outs = llm.generate([PROMPT] * len(names), params)
+def _suite_params(schemas: dict[str, dict], temperature: float) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=400, temperature=temperature, seed=i,
+                           structured_outputs={"json": tighten(schema)})
+            for i, schema in enumerate(schemas.values())]
+
+
+def _whitespace_params(llm) -> list[SamplingParams]:
+    """Sampling pushed hard towards whitespace, under WHITESPACE_SCHEMA: the
+    default whitespace policy at temperatures 0 and 1, then "compact"."""
+    bias = {t: 30.0 for t in _whitespace_tokens(llm)}
+    return [SamplingParams(max_tokens=1000, temperature=t, seed=1, logit_bias=bias,
+                           structured_outputs={"json": WHITESPACE_SCHEMA, **extra})
+            for t, extra in ((0.0, {}), (1.0, {}), (1.0, {"whitespace": "compact"}))]
+
+
+@pytest.fixture(scope="module")
+def long_runs(llm) -> dict:
+    """The module's long generations in one engine batch, so that their
+    tails overlap: the schema suite (our schemas and a JSONSchemaBench
+    sample) at temperatures 0 and 1, and the whitespace-biased runs."""
+    schemas = dict(OWN_SCHEMAS)
+    bench = _bench_sample()
+    schemas.update({f"bench:{k}": v for k, v in bench.items()})
+    params = {"suite 0.0": _suite_params(schemas, 0.0), "suite 1.0": _suite_params(schemas, 1.0),
+              "whitespace": _whitespace_params(llm)}
+    flat = [p for ps in params.values() for p in ps]
+    outs = iter(llm.generate([PROMPT] * len(flat), flat))
+    return {"schemas": schemas, "bench": bool(bench),
+            **{name: [next(outs) for _ in ps] for name, ps in params.items()}}
+
+
+def _check_suite(schemas: dict[str, dict], outs) -> dict[str, str]:
+    """Every output validates against its schema, except those whose schema
+    did not compile; returns them, with their messages."""
     refused, bad = {}, []
-    for name, out in zip(names, outs):
+    for name, out in zip(schemas, outs):
         if out.finish_reason == "error" and out.error and out.error.startswith("invalid grammar"):
             refused[name] = out.error
             continue
@@ -179,14 +207,12 @@ def _check_suite(llm, schemas: dict[str, dict], temperature: float) -> dict[str,
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_json_schema_suite(llm, temperature):
-    schemas = dict(OWN_SCHEMAS)
-    bench = _bench_sample()
-    if not bench:
+def test_json_schema_suite(long_runs, temperature):
+    if not long_runs["bench"]:
         pytest.skip(f"JSONSchemaBench sample not found at {BENCH_DATA}")
-    schemas.update({f"bench:{k}": v for k, v in bench.items()})
+    schemas = long_runs["schemas"]
     assert len(schemas) >= 50
-    refused = _check_suite(llm, schemas, temperature)
+    refused = _check_suite(schemas, long_runs[f"suite {temperature}"])
     # Our own schemas all compile; bench schemas llguidance refuses fail with a message.
     assert not [n for n in refused if not n.startswith("bench:")], refused
     for name, message in refused.items():
@@ -317,22 +343,16 @@ def _whitespace_tokens(llm) -> list[int]:
     return [i for i, b in enumerate(tb) if b and not b.startswith(b"\xff") and not b.strip()]
 
 
-def test_whitespace_bias_still_ends_in_valid_json(llm):
+def test_whitespace_bias_still_ends_in_valid_json(llm, long_runs):
     """A model pushed hard towards whitespace still closes the JSON: the
     default policy bounds whitespace per position (one run of at most 8
     spaces/tabs, or a newline and at most 32 of indentation)."""
-    ws = _whitespace_tokens(llm)
-    assert len(ws) > 5
-    schema = obj({"a": {"type": "boolean"}, "b": {"enum": [1, 2]}}, additionalProperties=False)
-    bias = {t: 30.0 for t in ws}
-    outs = llm.generate([PROMPT] * 3, [
-        SamplingParams(max_tokens=1000, temperature=t, seed=1, logit_bias=bias,
-                       structured_outputs={"json": schema, **extra})
-        for t, extra in ((0.0, {}), (1.0, {}), (1.0, {"whitespace": "compact"}))])
+    assert len(_whitespace_tokens(llm)) > 5
+    outs = long_runs["whitespace"]
     for out in outs:
         assert out.finish_reason == "stop", out.text[:300]
         assert len(out.token_ids) < 400, len(out.token_ids)
-        _validator(schema).validate(json.loads(out.text))
+        _validator(WHITESPACE_SCHEMA).validate(json.loads(out.text))
     assert outs[0].text != outs[0].text.strip() or "\n" in outs[0].text  # the bias did act
     assert not any(c.isspace() for c in outs[2].text)  # "compact" overrides the default
 

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+from . import SHARED
+
 TEMPLATES = SHARED / "chat-templates"
 FIRST_FREE_ID, LAST_FREE_ID = 3, 16   # SmolLM2's unused added tokens
 
@@ -82,6 +83,16 @@ BY_NAME = {f.name: f for f in FAMILIES}
 
 def template_text(family: Family) -> str:
     return (TEMPLATES / family.template).read_text(encoding="utf-8")
+
+
+def family_path(name: str, root: Path, gguf_path: str) -> str:
+    """The test model of family ``name``: the default GGUF itself, or the
+    family's HF directory built under ``root`` on first use (its weights
+    saved there once by save_weights)."""
+    family = BY_NAME[name]
+    if family.template is None:
+        return gguf_path
+    return build(family, gguf_path, root, save_weights(gguf_path, root / "weights.safetensors"))
 
 
 def build(family: Family, gguf_path: str, root: Path, weights: Path) -> str:

@@ -11,6 +11,9 @@ import urllib.request
 
 import pytest
 
+#: What clients of the shared server (conftest.py's ``server``) send.
+API_KEY = "test-key"
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -27,21 +27,6 @@ def rewritten_valid(sanitized, instance) -> bool:
     return jsonschema.Draft202012Validator(sanitized).is_valid(instance)
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from guided.model.gguf_file import GGUFFile
-    from guided.model.gguf_loader import gguf_tokenizer_info
-    from guided.model.loader import default_model_path
-    try:
-        path = default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    info = gguf_tokenizer_info(GGUFFile(path).metadata)
-    hf = info["tokenizer"]
-    lt = llguidance.LLTokenizer(hf.to_str(), eos_token=sorted(info["end_token_ids"]))
-    return hf, lt
-
-
 def matcher(tok, schema, whitespace=None):
     hf, lt = tok
     grammar = json.dumps({"grammars": [json_schema_grammar(schema, whitespace)]})

@@ -1,0 +1,10 @@
+"""What the tests share: the peers' data beside the checkout (``SHARED``),
+the chat-family test models (families), a live server (live_server), the
+JSON Schema reference checks (json_schema) and the tool-calling data (tools)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: ../shared beside the checkout: JSONSchemaBench and the chat templates.
+#: Tests that need it skip with a reason where a clone has none.
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
