@@ -35,11 +35,11 @@ def default_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def llm():
-    """The default model in fp32 (exact parity with transformers) with a small
-    KV pool, shared by tests that need no special engine settings; they must
-    leave it idle when done."""
+    """The default model in fp32 (exact parity with transformers), shared by
+    tests that need no special engine settings; they must leave it idle when
+    done."""
     from guided import LLM
-    return LLM(dtype="float32", max_num_seqs=32, kv_cache_tokens=16384)
+    return LLM(dtype="float32", max_num_seqs=64, kv_cache_tokens=32768)
 
 
 @pytest.fixture(scope="session")

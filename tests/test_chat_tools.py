@@ -62,6 +62,7 @@ def sweep(family, family_llm) -> dict[str, list]:
     """Group → (params, options, reply) per request, all run in one batch."""
     groups = requests(family)
     flat = [(name, p, o) for name, reqs in groups.items() for p, o in reqs]
+    flat.sort(key=lambda r: -r[1].max_tokens)   # the longest first: the others run beside them
     replies = family_llm.run_chat([family_llm.prepare_chat(ASK, p, o) for _, p, o in flat])
     out: dict[str, list] = {name: [] for name in groups}
     for (name, p, o), reply in zip(flat, replies):

@@ -181,8 +181,9 @@ def long_runs(llm) -> dict:
     schemas = dict(OWN_SCHEMAS)
     bench = _bench_sample()
     schemas.update({f"bench:{k}": v for k, v in bench.items()})
-    params = {"suite 0.0": _suite_params(schemas, 0.0), "suite 1.0": _suite_params(schemas, 1.0),
-              "whitespace": _whitespace_params(llm)}
+    # the longest runs first, so that the shorter ones fill the batch beside them
+    params = {"whitespace": _whitespace_params(llm), "suite 0.0": _suite_params(schemas, 0.0),
+              "suite 1.0": _suite_params(schemas, 1.0)}
     flat = [p for ps in params.values() for p in ps]
     outs = iter(llm.generate([PROMPT] * len(flat), flat))
     return {"schemas": schemas, "bench": bool(bench),
