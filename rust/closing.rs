@@ -1,12 +1,15 @@
 //! Output that is never cut mid-structure: the shortest completion the
 //! grammar accepts from a matcher's state, and when to look for it.
 //!
-//! The search runs on a copy of the matcher, one byte token at a time
-//! (depth-first, closers and minimal values first, bytes the grammar forces
-//! taken in one go), then retokenizes the bytes into as few tokens as the
-//! vocabulary allows. Whatever it returns the grammar has accepted, token by
-//! token, and ends in an accepting state: a completion that is a few tokens
-//! longer than the optimum is possible, an invalid one is not.
+//! The search runs on a copy of the matcher (depth-first, closers and
+//! minimal values first, what the grammar forces taken in one go). Each
+//! step is a single-byte token, a special token the grammar names (the end
+//! of a reasoning block, of a call, of the calls block) or a suffix that
+//! ends a lazy rule (see [`crate::grammar::Hints`]), so a whole chat answer
+//! closes as a JSON value does. The bytes found are then retokenized into as
+//! few tokens as the vocabulary allows. Whatever it returns the grammar has
+//! accepted, token by token, and ends in an accepting state: a completion a
+//! few tokens longer than the optimum is possible, an invalid one is not.
 
 use crate::grammar::GrammarMatcher;
 
@@ -16,12 +19,15 @@ use crate::grammar::GrammarMatcher;
 /// is only used where the grammar requires it.
 const FIRST: &[u8] = b"\"}],:1tfn[{";
 
-/// Byte pushes one search may try (a bound on its cost; about 1 µs each).
+/// Steps one search may try (a bound on its cost; about 1 µs each).
 const MAX_TRIES: usize = 6000;
 /// Alternatives explored below one point before the search backs out of it.
 const MAX_CHILDREN: usize = 3;
 /// The longest completion searched for, in bytes.
 pub const MAX_BYTES: usize = 4096;
+/// How a special token is written among bytes (toktrie's raw form:
+/// `0xff` `[id]`), so one byte string holds a whole completion.
+const MARKER: u8 = 0xff;
 
 /// The order in which bytes are tried.
 fn byte_order() -> Vec<u8> {
@@ -49,14 +55,59 @@ impl<'a> ByteTokens<'a> {
         (!order.is_empty()).then_some(ByteTokens { order, by_byte })
     }
 
+    /// One token per byte, special tokens (`0xff[id]`) as themselves.
     fn tokens(&self, bytes: &[u8]) -> Option<Vec<u32>> {
-        bytes.iter().map(|&b| self.by_byte[b as usize]).collect()
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if let Some((len, t)) = special_at(&bytes[i..]) {
+                out.push(t);
+                i += len;
+            } else {
+                out.push(self.by_byte[bytes[i] as usize]?);
+                i += 1;
+            }
+        }
+        Some(out)
     }
+}
+
+/// The special token written at the start of `bytes` (`0xff[id]`), and
+/// how many bytes it takes.
+fn special_at(bytes: &[u8]) -> Option<(usize, u32)> {
+    let rest = bytes.strip_prefix(&[MARKER, b'['])?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if rest.get(digits) != Some(&b']') || digits == 0 {
+        return None;
+    }
+    let id = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    Some((digits + 3, id))
+}
+
+/// `bytes` in as few tokens as the vocabulary allows: each run of plain
+/// bytes retokenized, each special token kept.
+fn fewest_tokens(m: &GrammarMatcher, bytes: &[u8]) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let (mut i, mut run) = (0, 0);
+    while i < bytes.len() {
+        match special_at(&bytes[i..]) {
+            Some((len, t)) => {
+                out.extend(m.fewest_tokens(&bytes[run..i])?);
+                out.push(t);
+                i += len;
+                run = i;
+            }
+            None => i += 1,
+        }
+    }
+    out.extend(m.fewest_tokens(&bytes[run..])?);
+    Some(out)
 }
 
 struct Search<'a> {
     m: GrammarMatcher,
     bytes: &'a ByteTokens<'a>,
+    hints: std::sync::Arc<crate::grammar::Hints>,
     path: Vec<u8>,
     best: Option<Vec<u8>>,
     tries: usize,
@@ -76,7 +127,10 @@ impl Search<'_> {
             if self.best.is_none() {
                 self.max_tries = self.max_tries.min(2 * self.tries + 100);
             }
-            self.best = Some(self.path.clone());
+            // (forced bytes may have taken this path past the bound)
+            if self.best.as_ref().is_none_or(|b| self.path.len() < b.len()) {
+                self.best = Some(self.path.clone());
+            }
             return;
         }
         if self.path.len() >= self.bound(limit) || self.tries >= self.max_tries {
@@ -85,8 +139,30 @@ impl Search<'_> {
         // What the grammar forces is taken whole: no branching there.
         let forced = self.m.forced_bytes();
         if !forced.is_empty() {
-            self.push_forced(&forced, limit);
+            if let Some(toks) = self.bytes.tokens(&forced) {
+                self.child(&forced, &toks, limit);
+                return;
+            }
+        }
+        // At the start, one step that ends it all (text that may end here,
+        // a closer) before any branch dives: a special token tried first
+        // may open a call where a single byte of text would have done.
+        if self.path.is_empty() && self.ends_in_one_step() {
             return;
+        }
+        let mut children = 0;
+        // Special tokens and suffixes first: they end what is open.
+        let hints = self.hints.clone();
+        for &t in &hints.specials {
+            let bytes = self.m.bytes_of(&[t]);
+            if self.try_child(&bytes, &[t], limit, &mut children) {
+                return;
+            }
+        }
+        for suffix in &hints.suffixes {
+            if self.try_whole(suffix, limit, &mut children) {
+                return;
+            }
         }
         // Content bytes among the last three written are tried last:
         // repeating them is how a depth-first search dives into a string or
@@ -95,41 +171,84 @@ impl Search<'_> {
         let stale = |b: u8| !b"\"}]".contains(&b) && recent.contains(&b);
         let order = self.bytes.order.iter().filter(|(b, _)| !stale(*b));
         let order: Vec<(u8, u32)> = order.chain(self.bytes.order.iter().filter(|(b, _)| stale(*b))).copied().collect();
-        let mut children = 0;
-        for (b, t) in order {
-            if self.tries >= self.max_tries || children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {
+        // Pattern examples where a string may start, right after the
+        // string's own closer (an empty string) was tried; never after one
+        // another (inside a free string that would dive forever).
+        let examples = if matches!(self.path.last(), None | Some(b'"')) { &hints.examples[..] } else { &[] };
+        for (i, (b, t)) in order.into_iter().enumerate() {
+            if self.try_child(&[b], &[t], limit, &mut children) {
                 return;
             }
+            if i == 0 && examples.iter().any(|e| self.try_whole(e, limit, &mut children)) {
+                return;
+            }
+        }
+    }
+
+    /// [`Self::try_child`] for a string of bytes taken whole.
+    fn try_whole(&mut self, bytes: &[u8], limit: usize, children: &mut usize) -> bool {
+        match self.bytes.tokens(bytes) {
+            Some(toks) => self.try_child(bytes, &toks, limit, children),
+            None => false,
+        }
+    }
+
+    /// Whether a special token or a closer byte takes the matcher to an
+    /// accepting state; if so it is the best completion below this point.
+    fn ends_in_one_step(&mut self) -> bool {
+        let closers = FIRST.iter().filter_map(|&b| self.bytes.by_byte[b as usize].map(|t| (vec![b], t)));
+        let specials = self.hints.specials.iter().map(|&t| (self.m.bytes_of(&[t]), t));
+        let steps: Vec<(Vec<u8>, u32)> = specials.chain(closers).collect();
+        for (bytes, t) in steps {
             self.tries += 1;
             if self.m.try_consume(&[t]) != Ok(1) {
                 continue;
             }
-            children += 1;
-            self.path.push(b);
-            self.run(limit);
-            self.path.pop();
+            let accepting = self.m.is_accepting();
             if self.m.rollback(1).is_err() {
-                self.max_tries = 0; // the copy is broken: stop
+                self.max_tries = 0;
+                return false;
+            }
+            if accepting {
+                self.best = Some([&self.path[..], &bytes].concat());
+                return true;
             }
         }
+        false
     }
 
-    fn push_forced(&mut self, forced: &[u8], limit: usize) {
-        let Some(toks) = self.bytes.tokens(forced) else { return };
-        self.tries += forced.len();
-        let n = self.m.try_consume(&toks).unwrap_or(0);
-        self.path.extend_from_slice(&forced[..n]);
-        if n == toks.len() {
+    /// Explore below `bytes` (`toks`) where the grammar takes them; true
+    /// when this point has been explored enough.
+    fn try_child(&mut self, bytes: &[u8], toks: &[u32], limit: usize, children: &mut usize) -> bool {
+        if self.tries >= self.max_tries || *children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {
+            return true;
+        }
+        if self.child(bytes, toks, limit) {
+            *children += 1;
+        }
+        false
+    }
+
+    /// Take `toks` (written `bytes`) and search on from there; false when
+    /// the grammar does not take them all.
+    fn child(&mut self, bytes: &[u8], toks: &[u32], limit: usize) -> bool {
+        self.tries += toks.len();
+        let n = self.m.try_consume(toks).unwrap_or(0);
+        let whole = n == toks.len();
+        if whole {
+            self.path.extend_from_slice(bytes);
             self.run(limit);
+            self.path.truncate(self.path.len() - bytes.len());
         }
-        self.path.truncate(self.path.len() - n);
-        if self.m.rollback(n).is_err() {
-            self.max_tries = 0;
+        if n > 0 && self.m.rollback(n).is_err() {
+            self.max_tries = 0; // the copy is broken: stop
         }
+        whole
     }
 }
 
-/// A completion: its tokens, and the bytes they stand for.
+/// A completion: its tokens, and the bytes they stand for (special tokens
+/// as `0xff[id]`, as [`GrammarMatcher::bytes_of`] writes them).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Closing {
     pub tokens: Vec<u32>,
@@ -145,11 +264,11 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
     }
     let bytes = ByteTokens::new(m)?;
     let limit = max_tokens.saturating_mul(8).min(MAX_BYTES);
-    let mut s = Search { m: m.clone(), bytes: &bytes, path: Vec::new(), best: None, tries: 0, max_tries: MAX_TRIES };
+    let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None, tries: 0, max_tries: MAX_TRIES };
     s.run(limit);
     let best = s.best?;
     // Fewer tokens for the same bytes where the grammar takes them.
-    let tokens = match m.fewest_tokens(&best) {
+    let tokens = match fewest_tokens(m, &best) {
         Some(t) if completes(m, &t) => t,
         _ => bytes.tokens(&best)?,
     };
@@ -172,6 +291,9 @@ pub struct Closer {
     pub last: Closing,
     /// Budget left when it was found.
     pub checked_at: usize,
+    /// No completion has been found yet (the output is cut at the budget
+    /// unless a later search finds one).
+    pub missed: bool,
 }
 
 const MARGIN: usize = 16;
@@ -186,20 +308,30 @@ impl Closer {
     pub fn record(&mut self, closing: Closing, remaining: usize) {
         self.last = closing;
         self.checked_at = remaining;
+        self.missed = false;
+    }
+
+    /// A search found nothing (and none was ever found): try again later.
+    pub fn record_miss(&mut self, remaining: usize) {
+        self.checked_at = remaining;
+        self.missed = true;
     }
 
     /// The last completion, or what is left of it after `appended` (bytes
     /// just written that begin it), where it still completes `m` with room
     /// to spare: a cheap check that spares most searches (the model writing
     /// on inside a string leaves its completion as it was).
-    pub fn still_fits(&self, m: &GrammarMatcher, appended: &[u8], remaining: usize) -> Option<Closing> {
+    pub fn still_fits(&self, m: &mut GrammarMatcher, appended: &[u8], remaining: usize) -> Option<Closing> {
         let last = &self.last;
+        if last.tokens.is_empty() && remaining > 1 && m.is_accepting() {
+            return Some(Closing::default()); // no copy of the matcher needed
+        }
         let fits = |c: &Closing| c.tokens.len() + 1 < remaining && completes(m, &c.tokens);
-        if !last.tokens.is_empty() && fits(last) {
+        if fits(last) {
             return Some(last.clone());
         }
         let rest = last.bytes.strip_prefix(appended).filter(|r| !appended.is_empty() && !r.is_empty())?;
-        let c = Closing { tokens: m.fewest_tokens(rest)?, bytes: rest.to_vec() };
+        let c = Closing { tokens: fewest_tokens(m, rest)?, bytes: rest.to_vec() };
         fits(&c).then_some(c)
     }
 }
@@ -264,6 +396,51 @@ mod tests {
         assert!(t.ends_with('z'));
     }
 
+    fn with_json(lark: &str, args: &str) -> String {
+        format!("{{\"grammars\": [{{\"lark_grammar\": {lark:?}}}, {{\"name\": \"args\", \"json_schema\": {args}}}]}}")
+    }
+
+    #[test]
+    fn a_chat_answer_closes_through_its_special_tokens() {
+        // reasoning, then one call in special tokens around JSON arguments
+        let (think, end_think) = (special("<think>"), special("</think>"));
+        let (call, end_call) = (special("<call>"), special("</call>"));
+        let lark = format!("start: <[{think}]> /[a-z ]*/ <[{end_think}]> \"\\n\" <[{call}]> @args <[{end_call}]>\n");
+        let g = with_json(&lark, r#"{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}"#);
+        let c = compiler();
+        let mut m = c.compile(&g).unwrap().matcher();
+        m.consume(think).unwrap();
+        m.consume(tok("a")).unwrap();
+        let closing = shortest_completion(&m, 30).unwrap();
+        assert!(completes(&m, &closing.tokens));
+        assert_eq!(closing.tokens.first(), Some(&end_think), "{}", text(&closing.tokens));
+        assert_eq!(closing.tokens.last(), Some(&end_call));
+        // inside the arguments: the value, the object and the call close
+        for t in [end_think, tok("\n"), call, tok("{"), tok("\"")] {
+            m.consume(t).unwrap();
+        }
+        let closing = shortest_completion(&m, 30).unwrap();
+        assert!(completes(&m, &closing.tokens));
+        assert_eq!(closing.tokens.last(), Some(&end_call));
+    }
+
+    #[test]
+    fn text_that_may_end_beats_a_call_its_special_token_would_open() {
+        let (call, end_call) = (special("<call>"), special("</call>"));
+        let lark = format!("start: /[a-z\"]+/ | <[{call}]> @args <[{end_call}]>\n");
+        let g = with_json(&lark, r#"{"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]}"#);
+        let m = compiler().compile(&g).unwrap().matcher();
+        assert_eq!(shortest_completion(&m, 30).unwrap().bytes, b"\"");
+    }
+
+    #[test]
+    fn a_lazy_rule_closes_with_its_suffix() {
+        let g = lark("start: \"<p>\" v \"</f>\"\nv[suffix=\"\\n</p>\\n\"]: /(?s:.*)/\n");
+        let m = after(&g, "<p>ab");
+        let closing = shortest_completion(&m, 30).unwrap();
+        assert_eq!(closing.bytes, b"\n</p>\n</f>", "{}", text(&closing.tokens));
+    }
+
     #[test]
     fn due_near_the_budget_and_now_and_then_before() {
         let ten = Closing { tokens: vec![0; 10], bytes: vec![b'a'; 10] };
@@ -283,10 +460,10 @@ mod tests {
         let mut closer = Closer::default();
         closer.record(c.clone(), 40);
         m.consume(tok("b")).unwrap(); // still inside the string
-        assert_eq!(closer.still_fits(&m, b"b", 40), Some(c.clone()));
+        assert_eq!(closer.still_fits(&mut m, b"b", 40), Some(c.clone()));
         m.consume(tok("\"")).unwrap(); // the string closed: what is left of it
-        let rest = closer.still_fits(&m, b"\"", 40).unwrap();
+        let rest = closer.still_fits(&mut m, b"\"", 40).unwrap();
         assert_eq!(&rest.bytes[..], &c.bytes[1..]);
-        assert!(closer.still_fits(&m, b"\"", rest.tokens.len() + 1).is_none()); // no room to spare
+        assert!(closer.still_fits(&mut m, b"\"", rest.tokens.len() + 1).is_none()); // no room to spare
     }
 }

@@ -199,14 +199,16 @@ impl GrammarCompiler {
 
     fn compile_uncached(&self, text: &str) -> Result<Grammar, String> {
         let factory = &self.factory;
-        let matcher = guard(|| {
+        let (matcher, hints) = guard(|| {
             let top = wrap(TopLevelGrammar::from_lark_or_grammar_list(text))?;
-            Ok(Matcher::new(factory.create_parser(top)))
+            let hints = Hints::of(&top);
+            Ok((Matcher::new(factory.create_parser(top)), hints))
         })?;
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size, byte_tokens: self.byte_tokens.clone() })
+        let shared = Shared { byte_tokens: self.byte_tokens.clone(), hints: Arc::new(hints) };
+        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size, shared })
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -224,14 +226,136 @@ impl GrammarCompiler {
 pub struct Grammar {
     proto: Arc<Mutex<Matcher>>,
     vocab_size: usize,
-    byte_tokens: Arc<ByteTokens>,
+    shared: Shared,
 }
 
 impl Grammar {
     pub fn matcher(&self) -> GrammarMatcher {
         let m = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        GrammarMatcher { m, vocab_size: self.vocab_size, error: None, byte_tokens: self.byte_tokens.clone() }
+        GrammarMatcher { m, vocab_size: self.vocab_size, error: None, shared: self.shared.clone() }
     }
+}
+
+/// What every matcher of one grammar shares.
+#[derive(Clone)]
+struct Shared {
+    byte_tokens: Arc<ByteTokens>,
+    hints: Arc<Hints>,
+}
+
+/// What the closing search (crate::closing) tries whole at each point,
+/// read from the grammar: the special tokens its Lark text names (`<[id]>`:
+/// the end of a reasoning block, of a call, of the calls), the suffixes
+/// that end a lazy rule (`suffix="\n</parameter>\n"`) and, for each JSON
+/// Schema `pattern`, a short string it matches (JSON-escaped), none of
+/// which a search one byte at a time would find. Only a hint: what the
+/// search takes, the matcher has accepted.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Hints {
+    pub specials: Vec<u32>,
+    pub suffixes: Vec<Vec<u8>>,
+    pub examples: Vec<Vec<u8>>,
+}
+
+/// Pattern examples kept per grammar (each is tried at every point).
+const MAX_EXAMPLES: usize = 16;
+
+impl Hints {
+    fn of(top: &TopLevelGrammar) -> Hints {
+        let mut h = Hints::default();
+        for g in &top.grammars {
+            if let Some(lark) = g.lark_grammar.as_deref() {
+                h.read(lark);
+            }
+            if let Some(schema) = &g.json_schema {
+                h.read_patterns(schema);
+            }
+        }
+        h
+    }
+
+    fn read_patterns(&mut self, v: &serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(p)) = map.get("pattern") {
+                    let example = pattern_example(p).and_then(|e| serde_json::to_string(&e).ok());
+                    if let Some(quoted) = example {
+                        let bytes = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
+                        if !bytes.is_empty() && !self.examples.contains(&bytes) && self.examples.len() < MAX_EXAMPLES {
+                            self.examples.push(bytes);
+                        }
+                    }
+                }
+                map.values().for_each(|x| self.read_patterns(x));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|x| self.read_patterns(x)),
+            _ => {}
+        }
+    }
+
+    fn read(&mut self, lark: &str) {
+        for (i, _) in lark.match_indices("<[") {
+            let digits: String = lark[i + 2..].chars().take_while(|c| c.is_ascii_digit()).collect();
+            let closed = lark[i + 2 + digits.len()..].starts_with("]>");
+            if let (true, Ok(t)) = (closed, digits.parse::<u32>()) {
+                if !self.specials.contains(&t) {
+                    self.specials.push(t);
+                }
+            }
+        }
+        for (i, m) in lark.match_indices("suffix=\"") {
+            let s = &lark[i + m.len() - 1..];
+            if let Some(text) = json_string_prefix(s) {
+                if !text.is_empty() && !self.suffixes.contains(&text.as_bytes().to_vec()) {
+                    self.suffixes.push(text.into_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// A short string the regex `pattern` matches (anchors ignored: an
+/// unanchored pattern matches it too), or None where regex-syntax cannot
+/// read it (lookarounds, backreferences).
+fn pattern_example(pattern: &str) -> Option<String> {
+    let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
+    example(&hir)
+}
+
+fn example(hir: &regex_syntax::hir::Hir) -> Option<String> {
+    use regex_syntax::hir::{Class, HirKind};
+    Some(match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => String::new(),
+        HirKind::Literal(l) => String::from_utf8(l.0.to_vec()).ok()?,
+        HirKind::Class(Class::Unicode(c)) => {
+            let chars = c.ranges().iter().flat_map(|r| (r.start()..=r.end()).take(128));
+            let mut chars = chars.collect::<Vec<char>>();
+            chars.sort_by_key(|ch| !ch.is_ascii_alphanumeric());
+            chars.first()?.to_string()
+        }
+        HirKind::Class(Class::Bytes(c)) => {
+            let b = c.ranges().iter().flat_map(|r| r.start()..=r.end()).find(u8::is_ascii_graphic)?;
+            (b as char).to_string()
+        }
+        HirKind::Repetition(r) => example(&r.sub)?.repeat(r.min as usize),
+        HirKind::Capture(c) => example(&c.sub)?,
+        HirKind::Concat(parts) => parts.iter().map(example).collect::<Option<String>>()?,
+        HirKind::Alternation(alts) => alts.iter().filter_map(example).min_by_key(|e| e.len())?,
+    })
+}
+
+/// The JSON string literal `s` starts with, decoded.
+fn json_string_prefix(s: &str) -> Option<String> {
+    let mut escaped = false;
+    for (i, c) in s.char_indices().skip(1) {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return serde_json::from_str(&s[..=i]).ok(),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The grammar state of one sequence. Once an error is recorded the matcher
@@ -241,7 +365,7 @@ pub struct GrammarMatcher {
     m: Matcher,
     vocab_size: usize,
     error: Option<String>,
-    byte_tokens: Arc<ByteTokens>,
+    shared: Shared,
 }
 
 /// The token of each single byte, where the vocabulary has one (end
@@ -395,7 +519,12 @@ impl GrammarMatcher {
 
     /// The single-byte tokens of the vocabulary.
     pub fn byte_tokens(&self) -> &ByteTokens {
-        &self.byte_tokens
+        &self.shared.byte_tokens
+    }
+
+    /// What the closing search tries whole (see [`Hints`]).
+    pub fn hints(&self) -> Arc<Hints> {
+        self.shared.hints.clone()
     }
 
     /// `bytes` in as few (non-special) tokens as the vocabulary allows.
@@ -450,8 +579,11 @@ pub mod testing {
         for b in b"abcdefghijklmnopqrstuvwxyz0123456789{}[]\":, \n-." {
             words.push(vec![*b]);
         }
-        for w in ["\"name\"", "\"age\"", "true", "false", "null", "yes", "no"] {
+        for w in ["\"name\"", "\"age\"", "true", "false", "null", "yes", "no", "<", ">", "/", "="] {
             words.push(w.as_bytes().to_vec());
+        }
+        for w in ["<think>", "</think>", "<call>", "</call>"] {
+            words.push([b"\xff", w.as_bytes()].concat());
         }
         words.push(b"\xff<|end|>".to_vec());
         let eos = words.len() as u32 - 1;
@@ -462,6 +594,13 @@ pub mod testing {
     pub fn tok(s: &str) -> u32 {
         let (words, _) = vocab();
         words.iter().position(|w| w == s.as_bytes()).unwrap() as u32
+    }
+
+    /// The id of a special token of [`vocab`] (`<call>`, ...).
+    pub fn special(s: &str) -> u32 {
+        let (words, _) = vocab();
+        let want = [b"\xff", s.as_bytes()].concat();
+        words.iter().position(|w| *w == want).unwrap() as u32
     }
 
     pub fn lark(body: &str) -> String {
@@ -558,6 +697,27 @@ mod tests {
         let a = allowed(&mut m);
         assert!(a.iter().all(|&t| (t as usize) < words.len()));
         assert_eq!(m.words(), (words.len() + 7).div_ceil(32));
+    }
+
+    #[test]
+    fn hints_name_the_special_tokens_and_suffixes() {
+        let g = r#"{"grammars": [{"lark_grammar": "start: <[44]> a <[45]> <[44]>\na[suffix=\"\\n</p>\\\"x\"]: /(?s:.*)/\n"}]}"#;
+        let top = TopLevelGrammar::from_lark_or_grammar_list(g).unwrap();
+        let h = Hints::of(&top);
+        assert_eq!(h.specials, vec![44, 45]);
+        assert_eq!(h.suffixes, vec![b"\n</p>\"x".to_vec()]);
+    }
+
+    #[test]
+    fn patterns_have_short_examples() {
+        let uuid = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+        assert_eq!(pattern_example(uuid).unwrap(), "00000000-0000-0000-0000-000000000000");
+        assert_eq!(pattern_example(r"^(ab|c)+\.x?$").unwrap(), "c.");
+        assert_eq!(pattern_example(r#"^"\d"$"#).unwrap(), "\"0\"");
+        assert!(pattern_example(r"(?=a)b").is_none());
+        let g = r#"{"grammars": [{"json_schema": {"properties": {"a": {"type": "string", "pattern": "^\"[a-z]{2}$"}}}}]}"#;
+        let top = TopLevelGrammar::from_lark_or_grammar_list(g).unwrap();
+        assert_eq!(Hints::of(&top).examples, vec![br#"\"aa"#.to_vec()]);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use crate::python_grammar::PyGrammar;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
-use crate::sequence::RequestParams;
+use crate::sequence::{RequestParams, Steering};
 
 /// Per row: None, or (the token's logprob, [(token, logprob)] most likely first).
 type RowLogprobs = Option<(f32, Vec<(u32, f32)>)>;
@@ -53,7 +53,7 @@ impl PyScheduler {
         Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
     }
 
-    #[pyo3(signature = (seq_id, prompt_token_ids, params, grammar = None, close_on_length = false))]
+    #[pyo3(signature = (seq_id, prompt_token_ids, params, grammar = None, close_on_length = false, reasoning_end = None))]
     fn add_request(
         &mut self,
         seq_id: i128,
@@ -61,9 +61,11 @@ impl PyScheduler {
         params: RequestParams,
         grammar: Option<PyRef<'_, PyGrammar>>,
         close_on_length: bool,
+        reasoning_end: Option<(u32, usize)>,
     ) -> PyResult<Vec<u32>> {
         let grammar = grammar.as_ref().map(|g| &g.inner);
-        self.inner.add_constrained(seq_id, &prompt_token_ids, &params, grammar, close_on_length).map_err(to_py)
+        let steering = Steering { close_on_length, reasoning_end };
+        self.inner.add_constrained(seq_id, &prompt_token_ids, &params, grammar, steering).map_err(to_py)
     }
 
     // Calls that may wait for the mask thread release the GIL: the thread

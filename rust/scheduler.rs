@@ -17,7 +17,7 @@ use crate::block_manager::BlockManager;
 use crate::grammar::Grammar;
 use crate::masks::{MaskBatch, MaskJob, MaskRow};
 use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
-use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status};
+use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -168,20 +168,21 @@ impl Scheduler {
     /// Queue a request; on error nothing changes.
     /// `seq_id` must be in [0, 2**63) (plans carry ids as int64).
     pub fn add_request(&mut self, seq_id: i128, prompt: &[i64], req: &RequestParams) -> Result<(), Error> {
-        self.add_constrained(seq_id, prompt, req, None, false).map(|_| ())
+        self.add_constrained(seq_id, prompt, req, None, Steering::default()).map(|_| ())
     }
 
     /// Queue a request under a grammar (None: unconstrained). Returns the
     /// tokens the grammar forces at the start, already appended to the
-    /// output when `req.fast_forward` is on. With `close_on_length`, an
-    /// output that reaches its budget ends complete (see [`crate::closing`]).
+    /// output when `req.fast_forward` is on. `steering` says how the output
+    /// is steered beyond the mask: closed at its budget (see
+    /// [`crate::closing`]), a reasoning block ended at its own.
     pub fn add_constrained(
         &mut self,
         seq_id: i128,
         prompt: &[i64],
         req: &RequestParams,
         grammar: Option<&Grammar>,
-        close_on_length: bool,
+        steering: Steering,
     ) -> Result<Vec<u32>, Error> {
         let Some(seq_id) = u64::try_from(seq_id).ok().filter(|&id| id <= i64::MAX as u64) else {
             return invalid(format!("seq_id must be in [0, 2**63), got {seq_id}"));
@@ -194,7 +195,7 @@ impl Scheduler {
         let v = req.validate().map_err(Error::Invalid)?;
         let mut seq = Sequence::new(seq_id, tokens, v.sampling, v.stop, v.seed, self.next_arrival);
         let forced = match grammar {
-            Some(g) => seq.constrain(g.matcher(), req.fast_forward, close_on_length, self.max_len),
+            Some(g) => seq.constrain(g.matcher(), req.fast_forward, steering, self.max_len),
             None => Vec::new(),
         };
         self.counters.forced_tokens += forced.len();
@@ -381,9 +382,15 @@ impl Scheduler {
             self.bm.take_prefix(&mut seq.blocks, prefix);
             let grown = self.bm.grow(&mut seq.blocks, hit + n);
             debug_assert!(grown, "can_admit promised room");
-            self.counters.prefix_cache_queries += seq.len();
-            self.counters.prefix_cache_hit_tokens += hit;
-            seq.num_cached_tokens.get_or_insert(hit);
+            if seq.num_cached_tokens.is_none() {
+                // Prompt tokens only, at first admission: tokens the grammar
+                // forced at the start are output, and a recompute after
+                // preemption is not a prompt served from the cache.
+                let cached = hit.min(seq.num_prompt_tokens);
+                self.counters.prefix_cache_queries += seq.num_prompt_tokens;
+                self.counters.prefix_cache_hit_tokens += cached;
+                seq.num_cached_tokens = Some(cached);
+            }
             seq.num_computed_tokens = hit;
             seq.status = Status::Running;
             self.running.push(id);
@@ -935,7 +942,7 @@ mod tests {
 
     mod constrained {
         use super::*;
-        use crate::grammar::testing::{lark, tok, vocab};
+        use crate::grammar::testing::{lark, special, tok, vocab};
         use crate::grammar::GrammarCompiler;
 
         fn setup() -> (Scheduler, GrammarCompiler, usize, u32) {
@@ -965,7 +972,7 @@ mod tests {
         fn the_mask_is_hard_and_the_grammar_ends_the_sequence() {
             let (mut s, c, v, _) = setup();
             let g = c.compile(&lark("start: \"yes\" | \"no\"")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), Steering::default()).unwrap();
             s.add_request(2, &prompt(5, 1), &req(10)).unwrap();
             // Both favour "a": only the free row may take it.
             let out = step(&mut s, v, &[tok("a"), tok("a")]);
@@ -976,7 +983,7 @@ mod tests {
             assert_eq!(out[0].token, i64::from(tok("n")));
             assert_eq!(out[0].forced, vec![tok("o")]);
             assert_eq!(out[0].finish_reason, Some(FinishReason::Stop));
-            s.add_constrained(3, &prompt(5, 2), &req(10), Some(&g), false).unwrap();
+            s.add_constrained(3, &prompt(5, 2), &req(10), Some(&g), Steering::default()).unwrap();
             let out = step(&mut s, v, &[tok("a"), tok("yes")]);
             assert_eq!((out[1].token, out[1].finish_reason), (i64::from(tok("yes")), Some(FinishReason::Stop)));
             let stats: HashMap<_, _> = s.stats().into_iter().collect();
@@ -989,7 +996,7 @@ mod tests {
             let (mut s, c, _, _) = setup();
             let g = c.compile(&lark("start: \"a\" \"name\" \"b\"")).unwrap();
             // "a" is forced from the start: appended to the output at once.
-            let forced = s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
+            let forced = s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), Steering::default()).unwrap();
             assert!(!forced.is_empty());
             let plan = s.schedule().unwrap();
             assert_eq!(plan.num_tokens, 5 + forced.len());
@@ -1002,7 +1009,7 @@ mod tests {
             let run = |ff: bool| {
                 let (mut s, c, v, eos) = setup();
                 let g = c.compile(&lark("start: \"ab\" /[0-9]/ \"cd\"")).unwrap();
-                let mut toks: Vec<u32> = s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: ff, ..req(20) }, Some(&g), false).unwrap();
+                let mut toks: Vec<u32> = s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: ff, ..req(20) }, Some(&g), Steering::default()).unwrap();
                 for _ in 0..20 {
                     let Some(plan) = s.schedule() else { break };
                     let n = plan.sample_seq_ids.len();
@@ -1027,7 +1034,7 @@ mod tests {
         fn a_rejected_token_fails_the_row_with_a_message() {
             let (mut s, c, _, _) = setup();
             let g = c.compile(&lark("start: \"yes\"")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: false, ..req(10) }, Some(&g), false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &RequestParams { fast_forward: false, ..req(10) }, Some(&g), Steering::default()).unwrap();
             s.schedule().unwrap();
             let out = s.update(&[i64::from(tok("q"))]).unwrap();
             assert_eq!(out[0].finish_reason, Some(FinishReason::Error));
@@ -1040,8 +1047,8 @@ mod tests {
         fn masks_started_then_aborted_or_never_sampled_are_fine() {
             let (mut s, c, v, _) = setup();
             let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
-            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), false).unwrap();
-            s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &req(10), Some(&g), Steering::default()).unwrap();
+            s.add_constrained(2, &prompt(5, 1), &req(10), Some(&g), Steering::default()).unwrap();
             s.schedule().unwrap();
             s.start_masks().unwrap();
             s.abort(1);
@@ -1056,15 +1063,45 @@ mod tests {
             assert_eq!(out[0].finish_reason, None);
         }
 
+        #[test]
+        fn tokens_forced_at_the_start_are_not_counted_as_a_cached_prompt() {
+            let (mut s, c, v, _) = setup();
+            let g = c.compile(&lark(r#"start: "abcdefgh" /[a-z]+/"#)).unwrap();
+            let (p, ff) = (prompt(8, 0), RequestParams { fast_forward: true, ..req(12) });
+            for id in [1u64, 2] {
+                assert_eq!(s.add_constrained(id.into(), &p, &ff, Some(&g), Steering::default()).unwrap().len(), 8);
+                let out = step(&mut s, v, &[tok("x")]);
+                // the second finds prompt and forced tokens in the cache
+                assert_eq!(out[0].num_cached_tokens, if id == 1 { 0 } else { 8 });
+                s.abort(id);
+            }
+            let stats: HashMap<_, _> = s.stats().into_iter().collect();
+            assert_eq!((stats["prefix_cache_hit_tokens"], stats["prefix_cache_queries"]), (8, 16));
+        }
+
         /// Run one closing request whose model always wants `want`; its text.
         fn closed_run(grammar: &str, max_tokens: i64, want: u32) -> (String, Option<FinishReason>, Option<String>) {
+            scripted_run(grammar, max_tokens, &[want])
+        }
+
+        /// The same, with a model that wants `script[i]` at step i (the last
+        /// one from then on).
+        fn scripted_run(grammar: &str, max_tokens: i64, script: &[u32]) -> (String, Option<FinishReason>, Option<String>) {
+            let (toks, reason, error) = steered_run(grammar, max_tokens, Steering::CLOSE, script);
+            let text: Vec<u8> = toks.iter().flat_map(|&t| vocab().0[t as usize].clone()).collect();
+            (String::from_utf8(text).unwrap(), reason, error)
+        }
+
+        /// Its tokens (end tokens left out), with any `steering`.
+        fn steered_run(grammar: &str, max_tokens: i64, steering: Steering, script: &[u32]) -> (Vec<u32>, Option<FinishReason>, Option<String>) {
             let (mut s, c, v, eos) = setup();
             let g = c.compile(grammar).unwrap();
-            let mut toks = s.add_constrained(1, &prompt(5, 0), &req(max_tokens), Some(&g), true).unwrap();
+            let mut toks = s.add_constrained(1, &prompt(5, 0), &req(max_tokens), Some(&g), steering).unwrap();
             let mut last = (None, None);
-            for _ in 0..40 {
+            for i in 0..40 {
                 let Some(plan) = s.schedule() else { break };
                 let n = plan.sample_seq_ids.len();
+                let want = script[i.min(script.len() - 1)];
                 let out = s.sample(&favour(v, &vec![want; n]), n, v, None).unwrap();
                 for o in s.update(&out.iter().map(|o| o.token).collect::<Vec<_>>()).unwrap() {
                     toks.extend(u32::try_from(o.token));
@@ -1073,8 +1110,8 @@ mod tests {
                 }
             }
             assert!(toks.len() <= max_tokens as usize, "{toks:?}");
-            let text: Vec<u8> = toks.iter().filter(|&&t| t != eos).flat_map(|&t| vocab().0[t as usize].clone()).collect();
-            (String::from_utf8(text).unwrap(), last.0, last.1)
+            toks.retain(|&t| t != eos);
+            (toks, last.0, last.1)
         }
 
         fn object_schema() -> String {
@@ -1094,6 +1131,40 @@ mod tests {
         }
 
         #[test]
+        fn a_completion_the_search_misses_at_first_is_looked_for_again() {
+            // From the start the search dives into the letters and never
+            // writes the "-"; once the model has, a closer ends it.
+            let g = lark("start: /[a-z]*-/ /[a-z]*/ \"]\"");
+            let (text, reason, err) = scripted_run(&g, 12, &[tok("a"), tok("b"), tok("-"), tok("c")]);
+            assert_eq!((text.as_str(), reason), ("ab-cccccccc]", Some(FinishReason::Length)), "{err:?}");
+            // where none is ever found, the output is cut as without closing
+            let (text, reason, error) = closed_run(&g, 8, tok("a"));
+            assert_eq!((text.as_str(), reason, error), ("aaaaaaaa", Some(FinishReason::Length), None));
+        }
+
+        #[test]
+        fn a_step_that_opens_what_cannot_close_in_time_is_taken_back() {
+            // After "x" the output may end; "," opens 30 digits that no
+            // longer fit: the step is undone and the output ends at "x".
+            let g = lark("start: /[a-z]/ (\",\" /[0-9]{30}/)*");
+            let (text, reason, error) = scripted_run(&g, 24, &[tok("x"), tok(","), tok("1")]);
+            assert_eq!((text.as_str(), reason, error), ("x", Some(FinishReason::Stop), None));
+        }
+
+        #[test]
+        fn a_reasoning_block_ends_at_its_budget() {
+            // The model would reason forever; from output length 4 on, the
+            // end token replaces what it samples, and the answer follows.
+            let (think, end) = (special("<think>"), special("</think>"));
+            let g = lark(&format!("start: <[{think}]> /[a-z]*/ <[{end}]> \"ok\""));
+            let steering = Steering { close_on_length: false, reasoning_end: Some((end, 4)) };
+            let (toks, reason, _) = steered_run(&g, 20, steering, &[think, tok("a")]);
+            let a = tok("a");
+            assert_eq!(toks, vec![think, a, a, a, end, tok("o"), tok("k")]);
+            assert_eq!(reason, Some(FinishReason::Stop));
+        }
+
+        #[test]
         fn a_budget_below_the_shortest_output_is_an_error() {
             let (_, reason, error) = closed_run(&object_schema(), 5, tok("a"));
             assert_eq!(reason, Some(FinishReason::Error));
@@ -1105,7 +1176,7 @@ mod tests {
             let (mut s, c, v, eos) = setup();
             let g = c.compile(&lark("start: /[a-z]+/")).unwrap();
             let r = RequestParams { min_tokens: 5, ..req(10) };
-            s.add_constrained(1, &prompt(5, 0), &r, Some(&g), false).unwrap();
+            s.add_constrained(1, &prompt(5, 0), &r, Some(&g), Steering::default()).unwrap();
             step(&mut s, v, &[tok("x")]);
             let out = step(&mut s, v, &[eos]);
             assert_eq!(out[0].token, i64::from(eos));

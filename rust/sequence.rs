@@ -164,6 +164,23 @@ pub fn token_ids(what: &str, ids: &[i64]) -> Result<Vec<u32>, String> {
         .collect()
 }
 
+/// How a constrained output is steered beyond its mask.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Steering {
+    /// Near the budget, steer to the shortest valid completion instead of
+    /// cutting the output (see [`crate::closing`]).
+    pub close_on_length: bool,
+    /// The end token of a reasoning block and the output length by which
+    /// it must come: from there on the end token replaces the sampled one
+    /// where the grammar allows it (a reasoning budget; llguidance's own
+    /// `max_tokens` on a rule would forbid the rollback the closing needs).
+    pub reasoning_end: Option<(u32, usize)>,
+}
+
+impl Steering {
+    pub const CLOSE: Steering = Steering { close_on_length: true, reasoning_end: None };
+}
+
 /// The grammar of a constrained sequence.
 #[derive(Debug, Clone)]
 pub struct Constraint {
@@ -178,6 +195,8 @@ pub struct Constraint {
     pub closer: Option<Closer>,
     /// Why the request cannot end validly within its budget.
     pub closing_error: Option<String>,
+    /// See [`Steering::reasoning_end`]; None once checked.
+    pub reasoning_end: Option<(u32, usize)>,
 }
 
 /// What appending one sampled token did.
@@ -313,7 +332,7 @@ impl Sequence {
     /// prompt). Forced tokens that would reach max_tokens are left to
     /// sampling. With `close_on_length`, the output is steered to a complete
     /// one before the budget runs out (see [`crate::closing`]).
-    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, close_on_length: bool, max_len: usize) -> Vec<u32> {
+    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, steering: Steering, max_len: usize) -> Vec<u32> {
         // Also caches them for the first mask, so the mask thread need not tokenize.
         let mut forced = matcher.forced_tokens();
         if !fast_forward || forced.len() >= self.stop.max_tokens {
@@ -324,10 +343,16 @@ impl Sequence {
             self.token_ids.extend(&forced);
             matcher.forced_tokens();
         }
-        let mut c = Constraint { matcher: None, fast_forward, mask_error: None, closer: None, closing_error: None };
-        if close_on_length {
+        let mut c = Constraint {
+            matcher: None,
+            fast_forward,
+            mask_error: None,
+            closer: None,
+            closing_error: None,
+            reasoning_end: steering.reasoning_end,
+        };
+        if steering.close_on_length {
             let mut closer = Closer::default();
-            let mut closer_off = false;
             let left = self.remaining(max_len);
             // Within the budget first (a tighter search); the longer search
             // only to say how much is needed.
@@ -335,10 +360,12 @@ impl Sequence {
             match found {
                 Some(t) if t.tokens.len() <= left => closer.record(t, left),
                 Some(t) => c.closing_error = Some(too_long(t.tokens.len(), left)),
-                // Beyond what the search covers: cut, as without closing.
-                None => closer_off = true,
+                // Beyond what the search finds from the start (a pattern it
+                // cannot write, say): searched again as the output grows,
+                // and cut, as without closing, where none is ever found.
+                None => closer.record_miss(left),
             }
-            c.closer = (!closer_off).then_some(closer);
+            c.closer = Some(closer);
         }
         c.matcher = Some(matcher);
         self.constraint = Some(c);
@@ -370,13 +397,35 @@ impl Sequence {
         if let Some(e) = &c.closing_error {
             return Commit::failed(false, e.clone());
         }
+        let sampled = token;
+        let token = self.end_reasoning_if_spent(c, token);
         let before = self.len();
         let mut consumed = 0;
         let mut out = self.advance_sampled(c, token, eos, max_len, &mut consumed);
+        if token != sampled && out.appended {
+            out.replaced_by = u32::try_from(token).ok();
+        }
         if c.closer.is_some() && matches!(out.reason, None | Some(FinishReason::Length)) {
             self.close_if_due(c, &mut out, before, consumed, eos, max_len);
         }
         out
+    }
+
+    /// The token to append: the reasoning block's end instead of the
+    /// sampled one once the block has had its budget (checked once, at that
+    /// length: a block not open then, or already ended, is left alone).
+    fn end_reasoning_if_spent(&self, c: &mut Constraint, token: i64) -> i64 {
+        let Some((end, at)) = c.reasoning_end else { return token };
+        if self.num_output_tokens() < at || token < 0 {
+            return token;
+        }
+        c.reasoning_end = None;
+        let allowed = c.matcher.as_ref().is_some_and(|m| m.clone().try_consume(&[end]) == Ok(1));
+        if allowed {
+            i64::from(end)
+        } else {
+            token
+        }
     }
 
     /// Append the sampled token and what the grammar forces after it;
@@ -440,22 +489,40 @@ impl Sequence {
         out
     }
 
-    /// Near the budget: go on while a valid completion still fits after this
-    /// step's tokens, force it once it fills what is left, and where it no
-    /// longer fits take this step's tokens back and force the completion
-    /// from before them (which fit, or was checked to fit, last step).
+    /// Go on while a valid completion still fits after this step's tokens
+    /// (the last one found, checked cheaply; a new search where it no longer
+    /// works), force it once it fills what is left, and where none fits take
+    /// this step's tokens back and force the completion from before them
+    /// (which fit, or was checked to fit, last step). Checked near the
+    /// budget and now and then before it (a completion grows at most a token
+    /// per token sampled), and at every step that may open more than that at
+    /// once: forced tokens, a special token, or leaving a point where the
+    /// output could end (a step that opens a call with few tokens left).
     fn close_if_due(&mut self, c: &mut Constraint, out: &mut Commit, before: usize, consumed: usize, eos: &[u32], max_len: usize) {
         let (Some(closer), Some(m)) = (c.closer.as_mut(), c.matcher.as_mut()) else { return };
         let left = self.remaining(max_len);
-        if !closer.due(left) {
+        let appended = m.bytes_of(&self.token_ids[before..]);
+        let opens = !out.forced.is_empty() || appended.contains(&0xff) || closer.last.tokens.is_empty();
+        if !closer.due(left) && (closer.missed || !opens) {
+            if m.is_accepting() {
+                closer.last = Default::default(); // it may end here: nothing to complete
+            }
             return;
         }
-        if let Some(kept) = closer.still_fits(m, &m.bytes_of(&self.token_ids[before..]), left) {
+        let kept = if closer.missed { None } else { closer.still_fits(m, &appended, left) };
+        if !closer.due(left) && (closer.missed || kept.is_some()) {
+            if let Some(kept) = kept {
+                closer.last = kept;
+            }
+            return;
+        }
+        if let Some(kept) = kept {
             return closer.record(kept, left);
         }
         match shortest_completion(m, left) {
             Some(t) if t.tokens.len() < left => return closer.record(t, left),
             Some(t) => return self.force_closing(m, out, t.tokens),
+            None if closer.missed => return closer.record_miss(left), // none known: cut
             None => {}
         }
         // This step's tokens left no valid completion within the budget.

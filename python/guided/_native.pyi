@@ -104,6 +104,7 @@ class Scheduler:
         params: SamplingParams,
         grammar: Grammar | None = None,
         close_on_length: bool = False,
+        reasoning_end: tuple[int, int] | None = None,
     ) -> list[int]:
         """Queue a request. ``seq_id`` in [0, 2**63), not in use. ``params``
         is read field by field (max_tokens, temperature, top_p, top_k, min_p,
@@ -133,7 +134,9 @@ class Scheduler:
         (max_tokens or the context) is steered to the shortest completion
         the grammar accepts and ends complete, finish_reason "length"; one
         that cannot end within its budget finishes with "error" and says
-        why."""
+        why. ``reasoning_end`` (end token, output length): from that length
+        on, the end token replaces the sampled one where the grammar allows
+        it (a reasoning block's budget; checked once, at that length)."""
     def schedule(self) -> StepPlan | None:
         """The next step's work, or None when there is nothing to run."""
     def start_masks(self) -> None:

@@ -26,14 +26,18 @@ log = logging.getLogger("guided.engine")
 class RequestGrammar(Protocol):
     """A request's grammar, composed where the request entered
     (``guided.grammar.ComposedGrammar``): llguidance TopLevelGrammar JSON
-    text, and whether an output that reaches its budget is steered to a
-    complete one instead of being cut."""
+    text, whether an output that reaches its budget is steered to a
+    complete one instead of being cut, and where a reasoning block must end
+    (its end token and the output length by which it comes), if anywhere."""
 
     @property
     def text(self) -> str: ...
 
     @property
     def close_on_length(self) -> bool: ...
+
+    @property
+    def reasoning_end(self) -> tuple[int, int] | None: ...
 
 
 @dataclass
@@ -166,7 +170,8 @@ class Engine:
             return rid
         forced = self.scheduler.add_request(
             rid, prompt_ids, params, compiled,
-            close_on_length=compiled is not None and grammar.close_on_length)
+            close_on_length=compiled is not None and grammar.close_on_length,
+            reasoning_end=grammar.reasoning_end if compiled is not None else None)
         self.requests[rid] = req
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)

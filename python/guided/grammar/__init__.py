@@ -60,11 +60,15 @@ def check_structured_outputs(so: Any) -> None:
 
 @dataclass(frozen=True)
 class ComposedGrammar:
-    """A composed grammar (TopLevelGrammar JSON text) and whether an output
-    that reaches its budget is steered to a complete one."""
+    """A composed grammar (TopLevelGrammar JSON text), whether an output
+    that reaches its budget is steered to a complete one, and where a
+    reasoning block must end."""
 
     text: str
     close_on_length: bool = False
+    #: a reasoning block's end token and the output length by which it must
+    #: come (the engine writes it there); None: no reasoning budget
+    reasoning_end: tuple[int, int] | None = None
 
 
 def check_on_length(value: Any, where: str) -> None:
