@@ -7,6 +7,12 @@ tool (tool_choice="required"), each call is answered with a canned tool
 result, and the last turn answers in text (tool_choice="none"). The whole
 conversation is sent back every turn, as an OpenAI client does.
 
+With --budget-sweep it also runs the budget sweep: tool_choice "required"
+and a named tool at max_tokens from the shortest call up to +32 tokens,
+temperature 1.0 over --seeds seeds, and prints per budget the share of
+answers with whole calls whose arguments validate, the share that ran into
+the budget (and were closed), and the forced-token share.
+
 Printed per turn: prompt and generated tokens, tokens/s (generated / wall
 time of the turn, prefill included), the forced-token share (tokens the
 grammar appended without sampling / generated), and two cache ratios: the
@@ -20,7 +26,7 @@ import argparse
 import json
 import time
 
-from guided import LLM, SamplingParams
+from guided import LLM, ChatOptions, SamplingParams
 
 TOOLS = [
     {"type": "function", "function": {
@@ -79,11 +85,44 @@ def run(llm: LLM, batch: int, turns: int, max_tokens: int) -> list[dict]:
     return rows
 
 
+def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
+    import jsonschema
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    ask = conversations(1)[0]
+    rows = []
+    for choice in ("required", {"type": "function", "function": {"name": "search_flights"}}):
+        plan = llm.prepare_chat(ask, SamplingParams(max_tokens=2048), ChatOptions(tools=TOOLS, tool_choice=choice))
+        least = len(llm.engine.grammar_compiler.compile(plan.grammar.text).matcher().shortest_completion(2048))
+        for extra in (0, 8, 16, 32):
+            params = [SamplingParams(max_tokens=least + extra, temperature=1.0, seed=s) for s in range(seeds)]
+            before = llm.stats()
+            replies = llm.run_chat([llm.prepare_chat(ask, p, ChatOptions(tools=TOOLS, tool_choice=choice))
+                                    for p in params])
+            after = llm.stats()
+            valid = 0
+            for r in replies:
+                try:
+                    for call in r.tool_calls:
+                        jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                            schemas[call["function"]["name"]])
+                    valid += bool(r.tool_calls)
+                except (jsonschema.ValidationError, ValueError, KeyError):
+                    pass
+            generated = after["generated_tokens"] - before["generated_tokens"]
+            rows.append({"choice": choice if isinstance(choice, str) else "named", "max_tokens": least + extra,
+                         "valid": valid / len(replies),
+                         "length": sum(r.finish_reason == "length" for r in replies) / len(replies),
+                         "forced": (after["forced_tokens"] - before["forced_tokens"]) / max(generated, 1)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--budget-sweep", action="store_true")
+    ap.add_argument("--seeds", type=int, default=16)
     args = ap.parse_args()
     llm = LLM(max_num_seqs=max(args.batch, 8))
     run(llm, 2, 2, 16)  # warm-up: first-call allocations and grammar compiles
@@ -97,6 +136,13 @@ def main() -> None:
         rt = f"{r['round_trip']:.1%}" if r["round_trip"] is not None else "-"
         print(f"| {r['turn']} | {r['prompt']} | {r['generated']} | {r['calls']} | {r['tok_s']:.1f} | "
               f"{r['forced']:.1%} | {r['hit']:.1%} | {rt} |")
+    if args.budget_sweep:
+        print(f"\nbudget sweep: temperature 1.0, {args.seeds} seeds per row")
+        print("| tool_choice | max_tokens | whole valid calls | ran into the budget (closed) | forced share |")
+        print("|---|---|---|---|---|")
+        for r in budget_sweep(llm, args.seeds):
+            print(f"| {r['choice']} | {r['max_tokens']} | {r['valid']:.0%} | {r['length']:.0%} | "
+                  f"{r['forced']:.1%} |")
 
 
 if __name__ == "__main__":

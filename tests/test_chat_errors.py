@@ -33,6 +33,9 @@ def strict_llm(tmp_path_factory):
      "response_format.json_schema.schema"),
     ({"chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs"),
     ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}},
+     "response_format.json_schema.strict"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]}, r"tools\[0\].function.strict"),
 ])
 def test_bad_options_name_the_field(llm, options, field):
     with pytest.raises(ValueError, match=field):
@@ -62,3 +65,18 @@ def test_template_that_raises_is_a_clear_error_and_the_engine_serves_on(strict_l
 def test_chat_template_given_as_text_overrides(default_gguf):
     with pytest.raises(ValueError, match="chat_template"):
         LLM(default_gguf, chat_template="/no/such/template.jinja", kv_cache_tokens=1024)
+
+
+def test_a_call_cut_by_the_budget_is_never_content(llm):
+    """Without a tool grammar (tool_choice auto, tool_grammar off) a call the
+    budget cuts is dropped, whole and streamed, not shown as text; calls
+    finished before it are kept."""
+    from guided import ChatOptions
+    options = ChatOptions(tools=TOOLS, tool_grammar=False)
+    whole = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    for text, calls in (('<tool_call>\n{"name": "get_', 0), (whole + '\n<tool_call>\n{"name": "sea', 1)):
+        parser = llm.prepare_chat(ASK, SamplingParams(max_tokens=64), options).parser()
+        deltas = [d for t in llm.tokenizer.encode(text) for d in parser.push([t])] + parser.finish()
+        assert not any(d.content for d in deltas), (text, deltas)
+        names = [c["function"]["name"] for d in deltas for c in d.tool_calls or [] if c["function"].get("name")]
+        assert names == ["get_weather"] * calls, (text, deltas)

@@ -31,11 +31,50 @@ def sampled(n: int, max_tokens: int = 96) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=s) for s in range(n)]
 
 
-def requests(family: str) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]:
+#: tool choices whose answers are swept over budgets near the shortest call
+CHOICES = {"required": "required", "named": NAMED, "auto": "auto"}
+#: budgets above the shortest answer, and (temperature, seed) per budget
+EXTRA_TOKENS = (0, 8, 16, 32)
+DRAWS = ((0.0, 0), (1.0, 1), (1.0, 2))
+EFFORTS = (None, "minimal", "low", "medium", "high")
+
+
+def shortest(llm, options: ChatOptions) -> int:
+    """Tokens of the shortest answer the request's grammar allows."""
+    plan = llm.prepare_chat(ASK, SamplingParams(max_tokens=2048), options)
+    found = llm.engine.grammar_compiler.compile(plan.grammar.text).matcher().shortest_completion(2048)
+    return len(found)
+
+
+def budget_requests(llm) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]:
+    """Each tool choice at budgets from its shortest call up to +32 tokens."""
+    out = {}
+    for name, choice in CHOICES.items():
+        options = ChatOptions(tools=TOOLS, tool_choice=choice)
+        least = shortest(llm, ChatOptions(tools=TOOLS, tool_choice=NAMED if name == "named" else "required"))
+        out[f"budget_{name}"] = [(SamplingParams(max_tokens=least + extra, temperature=t, seed=seed), options)
+                                 for extra in EXTRA_TOKENS for t, seed in DRAWS]
+    return out
+
+
+def reasoning_answer_requests(llm) -> list[tuple[SamplingParams, ChatOptions]]:
+    """A required call or a json_schema answer with 64 tokens beyond the
+    shortest answer, reasoning unset and at each effort."""
+    out = []
+    for effort in EFFORTS:
+        for answer in ({"tools": TOOLS, "tool_choice": "required"}, {"response_format": WEATHER_FORMAT}):
+            no_reasoning = ChatOptions(**answer, reasoning_effort="none")
+            least = shortest(llm, no_reasoning)
+            out += [(SamplingParams(max_tokens=least + 64, temperature=1.0, seed=seed),
+                     ChatOptions(**answer, reasoning_effort=effort)) for seed in (0, 1)]
+    return out
+
+
+def requests(family: str, llm) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]:
     """Each test's requests (all asking ASK), by group."""
     def group(params, **options):
         return [(p, ChatOptions(**options)) for p in params]
-    out = {
+    out = budget_requests(llm) | {
         "required": group(sampled(20), tools=TOOLS, tool_choice="required"),
         "named": group(sampled(6), tools=TOOLS, tool_choice=NAMED),
         "auto": group(sampled(8, 64), tools=TOOLS, tool_choice="auto"),
@@ -53,6 +92,7 @@ def requests(family: str) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]
             # verdict is the same (its end is missing or late)
             "reasoning_budget": group([SamplingParams(max_tokens=160, temperature=1.0, seed=3)],
                                       reasoning_effort="minimal"),
+            "reasoning_answer": reasoning_answer_requests(llm),
         }
     return out
 
@@ -60,7 +100,7 @@ def requests(family: str) -> dict[str, list[tuple[SamplingParams, ChatOptions]]]
 @pytest.fixture(scope="session")
 def sweep(family, family_llm) -> dict[str, list]:
     """Group → (params, options, reply) per request, all run in one batch."""
-    groups = requests(family)
+    groups = requests(family, family_llm)
     flat = [(name, p, o) for name, reqs in groups.items() for p, o in reqs]
     flat.sort(key=lambda r: -r[1].max_tokens)   # the longest first: the others run beside them
     replies = family_llm.run_chat([family_llm.prepare_chat(ASK, p, o) for _, p, o in flat])
@@ -146,6 +186,46 @@ def test_reasoning_none_and_budget(family, sweep, family_llm):
     end = special.id("reasoning_end")
     assert end in ids, budget.output.text
     assert ids.index(end) <= 128 + 4   # the minimal budget plus the block's markup
+
+
+def test_calls_near_the_budget_are_whole_and_valid(sweep, family_llm):
+    """From the shortest call up to 32 tokens more, greedy and sampled: a
+    required or named choice always returns a whole valid call (closed at
+    the budget where the model runs long), auto returns text or whole valid
+    calls, and the answer streamed token by token is the whole answer."""
+    for name in CHOICES:
+        for params, options, r in sweep[f"budget_{name}"]:
+            where = (name, params.max_tokens, params.seed, r.output.text)
+            assert r.finish_reason in ("tool_calls", "length", "stop"), where
+            if name == "auto" and not r.tool_calls:
+                assert r.content, where
+            else:
+                assert r.tool_calls, where
+                assert_valid_calls(r.tool_calls, {"search_flights"} if name == "named" else None)
+            assert_streams_as_whole(family_llm, params, options, r)
+
+
+def test_reasoning_leaves_room_for_the_answer(family, sweep):
+    """With 64 tokens beyond the shortest answer, reasoning unset or at any
+    effort, the required call or the json_schema answer is there and valid."""
+    reasoning_only(family)
+    for params, options, r in sweep["reasoning_answer"]:
+        where = (options.reasoning_effort, params.max_tokens, r.output.text)
+        if options.tools:
+            assert r.tool_calls, where
+            assert_valid_calls(r.tool_calls)
+        else:
+            jsonschema.validate(json.loads(r.content), WEATHER_SCHEMA)
+
+
+def assert_streams_as_whole(llm, params, options, whole):
+    """The reply's tokens parsed one at a time give the same message."""
+    parser = llm.prepare_chat(ASK, params, options).parser()
+    deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
+    content, reasoning, calls = reassemble(deltas)
+    assert (content, reasoning) == (whole.content, whole.reasoning_content)
+    assert calls == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in whole.tool_calls]
 
 
 def reassemble(deltas) -> tuple:

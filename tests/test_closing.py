@@ -213,3 +213,42 @@ def test_closing_is_the_default_for_json_only():
 def test_bad_on_length_is_refused():
     with pytest.raises(ValueError, match="on_length"):
         SamplingParams(structured_outputs={"json": {"type": "object"}, "on_length": "truncate"})
+
+
+#: Objects that leave additionalProperties open (JSON Schema's default), so
+#: the model may write properties of its own, nested or long, into the budget.
+OPEN = {
+    "person": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+               "required": ["name", "age"]},
+    "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "bio": {"type": "string"}}, "required": ["id"]},
+        "note": {"type": "string"}}, "required": ["user", "note"]},
+    "tags": {"type": "object", "properties": {"title": {"type": "string"}, "tags": {
+        "type": "array", "items": {"type": "string"}}}, "required": ["title"]},
+    "empty": {"type": "object"},
+    "items": {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"k": {"type": "string"}}}}}, "required": ["items"]},
+}
+LONG = chat("Write a long, detailed JSON document about a city, with many fields of your own "
+            "and long stories in them.")
+
+
+def test_open_objects_are_never_cut(llm):
+    """Undeclared properties (strings or nested objects running to the
+    budget) are closed in time: from the shortest answer to 64 tokens more,
+    greedy and sampled, every answer parses and validates."""
+    runs = [(name, _shortest(llm, schema) + extra, t, seed)
+            for name, schema in OPEN.items() for extra in (0, 16, 32, 64)
+            for t, seed in ((0.0, 0), (1.0, 1), (1.0, 2))]
+    outs = llm.generate([LONG] * len(runs), [
+        SamplingParams(max_tokens=budget, temperature=t, seed=seed, structured_outputs={"json": OPEN[name]})
+        for name, budget, t, seed in runs])
+    bad = []
+    for (name, budget, t, seed), out in zip(runs, outs):
+        try:
+            jsonschema.validate(json.loads(out.text), OPEN[name])
+        except Exception as exc:  # noqa: BLE001
+            bad.append(f"{name} {budget} {t} {seed}: {out.finish_reason} {out.error} {out.text!r}: {exc}")
+    assert not bad, "\n".join(bad)
+    # the model did write properties of its own into some of them
+    assert any(set(json.loads(o.text)) - set(OPEN[n].get("properties", {})) for (n, *_), o in zip(runs, outs))

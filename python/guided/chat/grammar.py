@@ -44,7 +44,7 @@ class ReasoningPlan:
     after: str
     state: str | None           # generation prompt: "open", "closed" or None
     mode: str                   # "optional", "required", "forbidden"
-    budget: int | None = None   # tokens of reasoning text at most
+    budget: int | None = None   # tokens of reasoning text at most (kept by the engine)
 
 
 def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
@@ -64,8 +64,9 @@ def _reasoning(g: GrammarBuilder, r: ReasoningPlan | None) -> Expr:
                 token(r.end_id), lit(r.after))
     if r.mode == "forbidden":
         return close if r.state == "open" else ""
-    text = g.rule("reasoning", regex(r"(?s:.*)"), max_tokens=r.budget)
-    inside = seq(text, close)
+    # Its budget is kept by the engine (ComposedGrammar.reasoning_end), not
+    # by llguidance's max_tokens, which would forbid the closing's rollback.
+    inside = seq(g.rule("reasoning", regex(r"(?s:.*)")), close)
     if r.state == "open":
         return inside
     block = seq(token(r.start_id), lit(r.open), inside)

@@ -266,9 +266,13 @@ class ChatParser:
 
     def _parse_calls(self, final: bool) -> list[ParsedCall]:
         calls, ok = parse_calls(self.region_text(), self.tools, self.schemas, self.special)
-        if final and (not ok or not calls or not all(c.done for c in calls)):
-            self.broken = not self.sent_calls  # never take back calls already streamed
-            return [c for c in calls if c.done] if self.sent_calls else []
+        if final and not (ok and calls and all(c.done for c in calls)):
+            # A block cut short (the budget, with no grammar to close it)
+            # keeps its whole calls; the cut one is dropped, never shown as
+            # text. A block that is not of the format is text, unless calls
+            # were already streamed (never taken back).
+            self.broken = not ok and not self.sent_calls
+            return [c for c in calls if c.done] if ok or self.sent_calls else []
         return calls
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ..grammar import ComposedGrammar, check_on_length, closes_on_length, constraint_entry
 from .grammar import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
 from ..grammar.json_schema import json_schema_grammar
+from ..grammar.json_schema.strict import strict_schema
 from ..sampling_params import SamplingParams
 from .chat_format import ChatFormat, EncodedChat, normalize_messages
 from .parser import ChatParser
@@ -94,14 +95,18 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
             compile_check(json.dumps({"grammars": [answer]}))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
+    params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     grammar = None
     if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
+        if reasoning is not None and reasoning.mode != "forbidden" and reasoning.state != "closed":
+            body = compose_chat(chat.special, tools=tool_plan, answer=answer)
+            reasoning = replace(reasoning, budget=reasoning_bound(
+                reasoning.budget, params.max_tokens, _shortest(compile_check(body), params.max_tokens)))
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
         compile_check(text)
         grammar = ComposedGrammar(text, _closes_on_length(o.structured_outputs, o.response_format,
-                                                          answer, tool_plan, reasoning))
+                                                          tool_plan, reasoning), _reasoning_end(reasoning))
 
-    params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
@@ -133,6 +138,8 @@ def _check_tools(tools, compile_check) -> list[dict]:
         schema = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
             raise ValueError(f"{where}.function.parameters must be a JSON Schema of type 'object'")
+        if _strict(fn.get("strict"), f"{where}.function.strict"):
+            schema = strict_schema(schema)
         entry = schema_entry(tool_args_entry, schema, f"{where}.function.parameters")
         schema_entry(lambda e: compile_check(json.dumps({"grammars": [e]})), entry,
                      f"{where}.function.parameters")
@@ -169,19 +176,67 @@ def _check_response_format(rf) -> dict | None:
     spec = rf.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise ValueError("response_format.json_schema must be an object with a 'schema'")
-    return schema_entry(json_schema_grammar, spec.get("schema", {}), "response_format.json_schema.schema")
+    schema = spec.get("schema", {})
+    if _strict(spec.get("strict"), "response_format.json_schema.strict"):
+        schema = strict_schema(schema)
+    return schema_entry(json_schema_grammar, schema, "response_format.json_schema.schema")
 
 
-def _closes_on_length(so, rf, answer, tools, reasoning) -> bool:
-    """Whether a constrained answer is steered to a complete one at the
-    budget (``on_length`` of structured_outputs or response_format; by
-    default for JSON answers). Never with tool calls or a reasoning block,
-    whose control tokens the closing search cannot write."""
-    if answer is None or tools is not None or (reasoning and reasoning.mode != "forbidden"):
-        return False
+def _strict(value, where: str) -> bool:
+    """OpenAI's ``strict`` flag (see grammar/json_schema/strict.py)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{where} must be a boolean")
+    return bool(value)
+
+
+def _closes_on_length(so, rf, tools, reasoning) -> bool:
+    """Whether the message is steered to a complete one at the budget
+    instead of being cut: as the answer's ``on_length`` says where the
+    client set it; else always where it may hold tool calls or a reasoning
+    block (a cut call is lost; the closing writes their end tokens too), and
+    by default for JSON answers (structured_outputs' rule otherwise)."""
+    given = so if so is not None else rf
+    if given is not None and given.get("on_length") is not None:
+        return given["on_length"] == "close"
+    if tools is not None or (reasoning is not None and reasoning.mode != "forbidden"):
+        return True
     if so is not None:
         return closes_on_length(so)
-    return closes_on_length(rf, is_json=True)  # json_schema and json_object alike
+    return rf is not None   # json_schema and json_object alike
+
+
+#: Tokens a bounded reasoning block leaves for the answer beyond its
+#: shortest form (at most; half of what is left where that is less), and
+#: for the block's own markup (its start and end tokens, the text after).
+ANSWER_ROOM, MARKUP = 256, 8
+
+
+def reasoning_bound(effort_budget: int | None, max_tokens: int, shortest_answer: int) -> int:
+    """Tokens of reasoning text allowed when the answer must still fit:
+    the smaller of the effort's budget and what max_tokens leaves after
+    the shortest answer the grammar allows, its markup and some room for
+    the model to write the answer itself (the closing at the budget
+    completes it where the model runs long)."""
+    left = max(0, max_tokens - shortest_answer - MARKUP)
+    bound = max(1, left - min(ANSWER_ROOM, left // 2))
+    return bound if effort_budget is None else min(effort_budget, bound)
+
+
+def _reasoning_end(r: ReasoningPlan | None) -> tuple[int, int] | None:
+    """The reasoning block's end token and the output length by which the
+    engine writes it: its budget of text, plus the start token and the
+    opening text where the model opens the block itself."""
+    if r is None or r.budget is None or r.mode == "forbidden" or r.state == "closed":
+        return None
+    return r.end_id, r.budget + (0 if r.state == "open" else 2)
+
+
+def _shortest(grammar, max_tokens: int) -> int:
+    """Tokens of the shortest complete output of a compiled grammar (from its
+    start); 0 where the search finds none within max_tokens (the bound is
+    then the room left, and the closing at the budget still applies)."""
+    found = grammar.matcher().shortest_completion(max_tokens)
+    return 0 if found is None else len(found)
 
 
 def _constraint(so) -> dict:

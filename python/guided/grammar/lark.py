@@ -81,15 +81,14 @@ class GrammarBuilder:
     lexemes: dict[str, Expr] = field(default_factory=dict)
     subgrammars: dict[str, dict] = field(default_factory=dict)
 
-    def rule(self, name: str, expr: Expr, *, max_tokens: int | None = None,
-             suffix: str | None = None) -> Expr:
+    def rule(self, name: str, expr: Expr, *, suffix: str | None = None) -> Expr:
         """Define ``name`` (a fresh lowercase name) and return a reference to it.
-        ``max_tokens`` bounds the tokens the rule may take; ``suffix`` makes it
-        lazy: it ends at the first occurrence of that text, which it includes."""
+        ``suffix`` makes it lazy: it ends at the first occurrence of that
+        text, which it includes. (No ``max_tokens``: it would forbid the
+        rollback the closing search needs.)"""
         if not _NAME.fullmatch(name) or name in self.rules:
             raise ValueError(f"bad or duplicate rule name {name!r}")
-        attrs = [f"max_tokens={int(max_tokens)}"] if max_tokens else []
-        attrs += [f"suffix={lit(suffix)}"] if suffix else []
+        attrs = [f"suffix={lit(suffix)}"] if suffix else []
         self.rules[name] = f"{name}{'[' + ', '.join(attrs) + ']' if attrs else ''}: {expr}"
         return name
 
