@@ -97,7 +97,7 @@ def test_generation_prompt_is_extracted(family, formats):
     enc = chat.encode([{"role": "user", "content": "Hello"}])
     assert enc.generation_prompt == BY_NAME[family].generation_prompt
     assert enc.text.endswith(enc.generation_prompt)
-    assert enc.reasoning_state == ("closed" if family.startswith("deepseek") else None)
+    assert enc.reasoning_state == BY_NAME[family].reasoning_state
     if chat.thinking_switch and family == "qwen3":
         off = chat.encode([{"role": "user", "content": "Hello"}], kwargs={"enable_thinking": False})
         assert off.generation_prompt.endswith("<think>\n\n</think>\n\n")

@@ -32,6 +32,8 @@ MARKER_ROLES: Mapping[str, str] = MappingProxyType({
     # Hermes / Qwen tool calls
     "<tool_call>": "tool_call_start", "</tool_call>": "tool_call_end",
     "<tool_response>": "tool_response_start", "</tool_response>": "tool_response_end",
+    # NVIDIA Nemotron (Llama 3.3 Super v1.5, Nano 2): a JSON list of calls
+    "<TOOLCALL>": "toolcall_list_start", "</TOOLCALL>": "toolcall_list_end",
     # Llama 3.x
     "<|python_tag|>": "python_tag",
     "<|start_header_id|>": "header_start", "<|end_header_id|>": "header_end",

@@ -48,6 +48,8 @@ class Family:
     #: a conversation with one cannot keep its cache past that turn
     moves_system_prompt: bool = False
     generation_prompt: str = "<|im_start|>assistant\n"
+    #: the reasoning block the generation prompt leaves: "open", "closed" or None
+    reasoning_state: str | None = None
 
 
 FAMILIES = [
@@ -69,13 +71,23 @@ FAMILIES = [
     Family("devstral", "unsloth-mistral-Devstral-Small-2507.jinja",
            _MISTRAL + ("[ARGS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[CALL_ID]"), "mistral_args",
            bos="<s>", eos="</s>", generation_prompt=""),
+    Family("nemotron-super", "nvidia-Llama-3_3-Nemotron-Super-49B-v1_5.jinja",
+           ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+            "<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>"), "nemotron", bos="<|begin_of_text|>",
+           eos="<|eot_id|>", reasoning=True, strips_reasoning=True,
+           generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    Family("nemotron-nano", "NVIDIA-Nemotron-Nano-v2.jinja",
+           ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<think>", "</think>", "<TOOLCALL>",
+            "</TOOLCALL>"), "nemotron", eos="<SPECIAL_12>", reasoning=True, strips_reasoning=True,
+           generation_prompt="<SPECIAL_11>Assistant\n<think>\n\n", reasoning_state="open",
+           rerenders_differently="past turns lose the reasoning block of the generation prompt"),
     Family("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK, "deepseek_r1",
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
-           strips_reasoning=True, generation_prompt="<｜Assistant｜><think>\n</think>",
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think>\n</think>", reasoning_state="closed",
            rerenders_differently="past turns lose the reasoning block of the generation prompt"),
     Family("deepseek-v3.1", "deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK, "deepseek_v3",
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", reasoning=True,
-           strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>",
+           strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>", reasoning_state="closed",
            rerenders_differently="past turns lose the reasoning block of the generation prompt"),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}

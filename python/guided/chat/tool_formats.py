@@ -130,6 +130,10 @@ TABLE: tuple[ToolFormat, ...] = (
                call=(Special("tool_call_begin", "<｜tool▁call▁begin｜>"), NAME, Special("tool_sep", "<｜tool▁sep｜>"), ARGS,
                      Special("tool_call_end_ds", "<｜tool▁call▁end｜>")),
                close=(Special("tool_calls_end", "<｜tool▁calls▁end｜>"),)),
+    # NVIDIA Nemotron (Llama 3.3 Super v1.5, Nano 2): a JSON list in <TOOLCALL> markers
+    ToolFormat("nemotron", open=(Special("toolcall_list_start", "<TOOLCALL>"), Lit("[")),
+               call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
+               sep=(Lit(", "),), close=(Lit("]"), Special("toolcall_list_end", "</TOOLCALL>"))),
     # Llama 3.1/3.2/3.3: the whole message is one bare JSON call
     ToolFormat("llama3_json", call=(Lit('{"name": "'), NAME, Lit('", "parameters": '), ARGS, Lit("}"))),
 )
