@@ -13,11 +13,12 @@
 
 use crate::grammar::GrammarMatcher;
 
-/// Bytes tried first at each point: closers, then the shortest values
-/// (`1`, `""`: `1` rather than `0`, which a format may refuse, as year
-/// 0000), separators; letters and digits next; whitespace last, so it
-/// is only used where the grammar requires it.
-const FIRST: &[u8] = b"\"}],:1tfn[{";
+/// Bytes tried first at each point: closers (`<` opens a closing tag:
+/// `</tool_calls>`), then the shortest values (`1`, `""`: `1` rather than
+/// `0`, which a format may refuse, as year 0000), separators; letters and
+/// digits next; whitespace last, so it is only used where the grammar
+/// requires it.
+const FIRST: &[u8] = b"\"}],:1tfn<[{";
 
 /// Steps one search may try (a bound on its cost; about 1 µs each).
 const MAX_TRIES: usize = 6000;
@@ -25,6 +26,8 @@ const MAX_TRIES: usize = 6000;
 const MAX_CHILDREN: usize = 3;
 /// The longest completion searched for, in bytes.
 pub const MAX_BYTES: usize = 4096;
+/// The bound of the first, shorter search.
+const SHORT_BYTES: usize = 512;
 /// How a special token is written among bytes (toktrie's raw form:
 /// `0xff` `[id]`), so one byte string holds a whole completion.
 const MARKER: u8 = 0xff;
@@ -264,9 +267,13 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
     }
     let bytes = ByteTokens::new(m)?;
     let limit = max_tokens.saturating_mul(8).min(MAX_BYTES);
-    let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None, tries: 0, max_tries: MAX_TRIES };
-    s.run(limit);
-    let best = s.best?;
+    // A short bound first: a branch that repeats (one more call, one more
+    // item) is then cut early instead of using up every try.
+    let best = [limit.min(SHORT_BYTES), limit].into_iter().find_map(|bound| {
+        let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None, tries: 0, max_tries: MAX_TRIES };
+        s.run(bound);
+        s.best
+    })?;
     // Fewer tokens for the same bytes where the grammar takes them.
     let tokens = match fewest_tokens(m, &best) {
         Some(t) if completes(m, &t) => t,
@@ -431,6 +438,16 @@ mod tests {
         let g = with_json(&lark, r#"{"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]}"#);
         let m = compiler().compile(&g).unwrap().matcher();
         assert_eq!(shortest_completion(&m, 30).unwrap().bytes, b"\"");
+    }
+
+    #[test]
+    fn a_block_of_repeated_calls_closes_after_one() {
+        // after each call, "{" (another call) is tried before "<" (the end)
+        let g = with_json("start: \"<calls>\\n\" (\"{\\\"a\\\": \" @args \"}\\n\")+ \"</calls>\"\n",
+                          r#"{"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}"#);
+        let m = compiler().compile(&g).unwrap().matcher();
+        let closing = shortest_completion(&m, 200).unwrap();
+        assert_eq!(text(&closing.tokens).replace(' ', ""), "<calls>\n{\"a\":{\"b\":\"\"}}\n</calls>");
     }
 
     #[test]
