@@ -34,6 +34,10 @@ MARKER_ROLES: Mapping[str, str] = MappingProxyType({
     "<tool_response>": "tool_response_start", "</tool_response>": "tool_response_end",
     # NVIDIA Nemotron (Llama 3.3 Super v1.5, Nano 2): a JSON list of calls
     "<TOOLCALL>": "toolcall_list_start", "</TOOLCALL>": "toolcall_list_end",
+    # Liquid LFM2: a JSON list of calls
+    "<|tool_call_start|>": "tool_call_list_start", "<|tool_call_end|>": "tool_call_list_end",
+    # Phi-4-mini: one JSON call per marker pair
+    "<|tool_call|>": "tool_call_marker", "<|/tool_call|>": "tool_call_marker_end",
     # Llama 3.x
     "<|python_tag|>": "python_tag",
     "<|start_header_id|>": "header_start", "<|end_header_id|>": "header_end",

@@ -75,6 +75,9 @@ class ChatFormat:
         msgs, tls, docs, kw = (escaper.escape(x) for x in (messages, tools, documents, kwargs))
         with_prompt = self.render(msgs, tools=tls, documents=docs, **kw)
         without = self.render(msgs, tools=tls, documents=docs, add_generation_prompt=False, **kw)
+        eos = self._tokens["eos_token"]
+        if eos and without.endswith(eos) and not with_prompt.startswith(without):
+            without = without[:-len(eos)]   # closed with eos_token when no answer follows (Phi-4-mini)
         if not with_prompt.startswith(without):
             raise TemplateError("the chat template's generation prompt is not a suffix of the "
                                 "conversation it renders; cannot tell where the answer starts")

@@ -134,6 +134,19 @@ TABLE: tuple[ToolFormat, ...] = (
     ToolFormat("nemotron", open=(Special("toolcall_list_start", "<TOOLCALL>"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
                sep=(Lit(", "),), close=(Lit("]"), Special("toolcall_list_end", "</TOOLCALL>"))),
+    # Liquid LFM2 (llama.cpp's JSON edit): a JSON list with ids, calls before the content
+    ToolFormat("lfm2", open=(Special("tool_call_list_start", "<|tool_call_start|>"), Lit("[")),
+               call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
+                     CALL_ID, Lit('"}')),
+               sep=(Lit(", "),), close=(Lit("]"), Special("tool_call_list_end", "<|tool_call_end|>"))),
+    # Phi-4-mini (llama.cpp's edit): the function object as JSON in <|tool_call|> markers
+    ToolFormat("phi4_mini", call=(Special("tool_call_marker", "<|tool_call|>"), Lit('{"name": "'), NAME,
+                                  Lit('", "arguments": '), ARGS, Lit("}"),
+                                  Special("tool_call_marker_end", "<|/tool_call|>"))),
+    # MiniMax-M1: one JSON call per line in <tool_calls> (text markers)
+    ToolFormat("minimax_m1", open=(Special("tool_calls_block_start", "<tool_calls>"), Lit("\n")),
+               call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}\n")),
+               close=(Special("tool_calls_block_end", "</tool_calls>"),)),
     # Llama 3.1/3.2/3.3: the whole message is one bare JSON call
     ToolFormat("llama3_json", call=(Lit('{"name": "'), NAME, Lit('", "parameters": '), ARGS, Lit("}"))),
 )
