@@ -38,6 +38,22 @@ MARKER_ROLES: Mapping[str, str] = MappingProxyType({
     "<|tool_call_start|>": "tool_call_list_start", "<|tool_call_end|>": "tool_call_list_end",
     # Phi-4-mini: one JSON call per marker pair
     "<|tool_call|>": "tool_call_marker", "<|/tool_call|>": "tool_call_marker_end",
+    # GLM 4.5 / 4.6: XML key/value arguments
+    "<arg_key>": "arg_key_start", "</arg_key>": "arg_key_end",
+    "<arg_value>": "arg_value_start", "</arg_value>": "arg_value_end",
+    # MiniMax-M2, Seed-OSS: XML invoke/function blocks
+    "<minimax:tool_call>": "minimax_tool_call_start", "</minimax:tool_call>": "minimax_tool_call_end",
+    "<seed:tool_call>": "seed_tool_call_start", "</seed:tool_call>": "seed_tool_call_end",
+    "<seed:think>": "reasoning_start", "</seed:think>": "reasoning_end",
+    # InternLM2: <|action_start|><|plugin|> JSON <|action_end|>
+    "<|action_start|>": "action_start", "<|plugin|>": "plugin", "<|action_end|>": "action_end",
+    # Cohere Command R7B: a JSON list of actions
+    "<|START_ACTION|>": "action_list_start", "<|END_ACTION|>": "action_list_end",
+    # Kimi K2: a section of calls, each id "functions.NAME:IDX"
+    "<|tool_calls_section_begin|>": "tool_calls_section_begin",
+    "<|tool_calls_section_end|>": "tool_calls_section_end",
+    "<|tool_call_begin|>": "kimi_tool_call_begin", "<|tool_call_argument_begin|>": "kimi_tool_args_begin",
+    # (Kimi's <|tool_call_end|> is LFM2's tool_call_list_end text: one role per text)
     # Llama 3.x
     "<|python_tag|>": "python_tag",
     "<|start_header_id|>": "header_start", "<|end_header_id|>": "header_end",

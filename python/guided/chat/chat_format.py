@@ -136,11 +136,24 @@ class ChatFormat:
         k = text.find(end, max(j, 0))
         m = text.find(_PROBE_ANSWER, max(k, 0))
         if min(i, j, k, m) < 0 or not i < j < k < m:
-            return ReasoningLayout()
+            return self._empty_block_layout(text, start, end)
         pieces = (text[i + len(start):j], text[j + len(_PROBE_REASONING):k], text[k + len(end):m])
         if any(p.strip() for p in pieces):
             return ReasoningLayout()
         return ReasoningLayout(*pieces, kept=True)
+
+    @staticmethod
+    def _empty_block_layout(text: str, start: str, end: str) -> ReasoningLayout:
+        """Where the template drops the probe's reasoning but writes an empty
+        block before the answer (Kimi K2's `<think></think>`), its whitespace."""
+        i = text.rfind(start, 0, max(text.find(_PROBE_ANSWER), 0))
+        k = text.find(end, i) if i >= 0 else -1
+        m = text.find(_PROBE_ANSWER, k) if k >= 0 else -1
+        if m < 0 or text[i + len(start):k].strip() or text[k + len(end):m].strip():
+            return ReasoningLayout()
+        inner = text[i + len(start):k]
+        half = len(inner) // 2
+        return ReasoningLayout(inner[:half], inner[half:], text[k + len(end):m])
 
 
 # -- client messages → what templates expect ---------------------------
@@ -150,10 +163,12 @@ def normalize_messages(messages: list[dict], fmt: DetectedFormat | None) -> list
     """OpenAI-shaped messages as chat templates expect them: content parts
     joined, tool-call arguments as dicts (templates apply tojson), a call-only
     message's content as the template wants it, and, for the text envelope,
-    past calls written into the content as the model wrote them."""
+    past calls written into the content as the model wrote them. A tool
+    result without a ``name`` gets its call's (Kimi and GLM templates print it)."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
+    call_names: dict[str, str] = {}
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
@@ -163,12 +178,16 @@ def normalize_messages(messages: list[dict], fmt: DetectedFormat | None) -> list
         if calls:
             m["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]")
                                for j, c in enumerate(calls)]
+            call_names.update((c["id"], c["function"]["name"]) for c in m["tool_calls"]
+                              if isinstance(c.get("id"), str))
             if fmt is not None and not fmt.native:
                 m = _envelope_message(m, fmt)
             elif not m["content"] and fmt is not None:
                 m["content"] = fmt.empty_content
         elif m["content"] is None:
             m["content"] = ""
+        if m["role"] == "tool" and "name" not in m and m.get("tool_call_id") in call_names:
+            m["name"] = call_names[m["tool_call_id"]]
         out.append(m)
     return out
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
-from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Part, Special, resolve
+from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, Part, PyArgs,
+                           Special, XmlArgs, resolve)
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
 TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
@@ -33,6 +34,7 @@ class ToolPlan:
     tools: tuple[Tool, ...]     # the tools the model may call here
     mode: str                   # "auto", "required" (named choice: required, one tool)
     parallel: bool
+    lead: str = ""              # written before the calls when no content comes first
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,9 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     if tools is None:
         return g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)")
     calls = _calls_block(g, special, tools)
+    alone = seq(lit(tools.lead), calls) if tools.lead else calls
     if tools.mode == "required":
-        return calls
+        return alone
     fmt = tools.format
     tid, trigger_text = resolve(fmt.format.trigger, special)
     avoid = () if tid is not None else (trigger_text,)
@@ -87,9 +90,9 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     text = g.subgrammar("answer", answer) if answer else \
         g.lexeme(text_without(*avoid, anchored=anchored))
     if fmt.content_sep is None or answer:
-        return alt(text, calls)
+        return alt(text, alone)
     lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep))
-    return alt(text, seq(opt(lead), calls))
+    return alt(text, alone, seq(lead, calls))
 
 
 def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Expr:
@@ -105,16 +108,19 @@ def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool
         if part is NAME:
             out.append(lit(tool.name))
         elif part is ARGS:
-            out.append(_args(g, fmt.args_style, index, tool))
+            out.append(_args(g, special, fmt.args, index, tool))
         elif part is CALL_ID:
-            out.append(regex(CALL_ID_PATTERN))
+            out.append(regex(fmt.call_id))
+        elif part is INDEX:
+            out.append(regex(r"[0-9]{1,3}"))
         else:
             out.append(_parts(special, (part,)))
     return seq(*out)
 
 
-def _parts(special: SpecialTokens, parts: tuple[Part, ...]) -> Expr:
-    return seq(*(_fixed(special, p) for p in parts if isinstance(p, (Special, Lit))))
+def _parts(special: SpecialTokens, parts: tuple[Part, ...], is_string: bool | None = None) -> Expr:
+    return seq(*(lit("true" if is_string else "false") if p is IS_STRING else _fixed(special, p)
+                 for p in parts if isinstance(p, (Special, Lit)) or p is IS_STRING))
 
 
 def _fixed(special: SpecialTokens, part: Special | Lit) -> Expr:
@@ -129,37 +135,89 @@ def tool_args_entry(schema: dict) -> dict:
     return entry
 
 
-def _args(g: GrammarBuilder, style: str, index: int, tool: Tool) -> Expr:
-    if style == "json":
+def _args(g: GrammarBuilder, special: SpecialTokens, style, index: int, tool: Tool) -> Expr:
+    if isinstance(style, JsonArgs):
         return g.subgrammar(f"args_{index}", tool_args_entry(tool.schema))
     props = tool.schema.get("properties") or {}
     required = set(tool.schema.get("required") or [])
+    if isinstance(style, PyArgs):
+        params = [(seq(lit(f"{name}="), _py_value(g, style, f"args_{index}_{j}", sub if isinstance(sub, dict) else {})),
+                   name in required) for j, (name, sub) in enumerate(props.items())]
+        return _joined(g, f"args_{index}", params, lit(", "))
     params = []
     for j, (name, sub) in enumerate(props.items()):
-        value = _xml_value(g, f"args_{index}_{j}", sub if isinstance(sub, dict) else {})
-        param = seq(lit(f"<parameter={name}>\n"), value)
-        params.append(param if name in required else opt(param))
-    return seq(*params)
+        sub = sub if isinstance(sub, dict) else {}
+        is_string = sub.get("type") == "string"
+        params.append((seq(_parts(special, style.key_open), lit(name),
+                           _parts(special, style.key_close, is_string),
+                           _xml_value(g, special, style, f"args_{index}_{j}", sub)),
+                       name in required))
+    return seq(*(p if req else opt(p) for p, req in params))
 
 
-def _xml_value(g: GrammarBuilder, name: str, schema: dict) -> Expr:
-    """A string parameter is raw text up to its closing tag (its enum,
+def _joined(g: GrammarBuilder, name: str, params: list[tuple[Expr, bool]], sep: Expr) -> Expr:
+    """``params`` (each required or optional) in order, ``sep`` between the
+    ones written: ``rest_k`` is what may follow once one was written."""
+    head, rest = "", ""
+    for k in range(len(params) - 1, -1, -1):
+        p, req = params[k]
+        after = g.rule(f"{name}_rest_{k}", rest) if rest else ""
+        new_rest = seq(sep, p, after) if req else opt(seq(sep, p, after))
+        head = seq(p, after) if req else alt(seq(p, after), head or '""')
+        rest = new_rest
+    return head or '""'
+
+
+def _py_value(g: GrammarBuilder, style: PyArgs, name: str, schema: dict) -> Expr:
+    """A value as a pythonic template writes it (tool_formats.PyArgs):
+    numbers, objects and arrays through the JSON grammar (the same text in
+    Python), booleans and None as Python's, strings quoted raw."""
+    kind = schema.get("type")
+    q = '"' if style.quote_all else style.quote
+    if kind == "string":
+        if "enum" in schema:
+            inner = alt(*(lit(str(v)) for v in schema["enum"] if q not in str(v)))
+        else:
+            lexeme = regex(f"[^{regex_literal(q)}\\\\\\n]*")
+            if "pattern" in schema:
+                lexeme += " & " + regex(_raw_pattern(schema["pattern"]))
+            if "minLength" in schema or "maxLength" in schema:
+                lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+                lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
+            inner = g.lexeme(lexeme)
+        return seq(lit(q), inner, lit(q))
+    if kind == "boolean":
+        inner = alt(lit("True"), lit("False"))
+    elif kind == "null":
+        inner = lit("None")
+    else:
+        inner = g.subgrammar(name, tool_args_entry(schema))
+    return seq(lit('"'), inner, lit('"')) if style.quote_all else inner
+
+
+def _xml_value(g: GrammarBuilder, special: SpecialTokens, style: XmlArgs, name: str,
+               schema: dict) -> Expr:
+    """A string argument is raw text up to its closing tag (its enum,
     pattern and length kept); anything else is JSON."""
-    end = "\n</parameter>\n"
+    close = _parts(special, style.value_close)
+    end_tid = resolve(style.value_close[0], special)[0]
+    end = "".join(resolve(p, special)[1] for p in style.value_close)
     if schema.get("type") != "string":
-        return seq(g.subgrammar(name, tool_args_entry(schema)), lit(end))
+        return seq(g.subgrammar(name, tool_args_entry(schema)), close)
     if "enum" in schema:
-        return seq(alt(*(lit(str(v)) for v in schema["enum"])), lit(end))
-    if "pattern" not in schema and "minLength" not in schema and "maxLength" not in schema:
+        return seq(alt(*(lit(str(v)) for v in schema["enum"])), close)
+    free = "pattern" not in schema and "minLength" not in schema and "maxLength" not in schema
+    if free and end_tid is None:
         return g.rule(name, regex(r"(?s:.*)"), suffix=end)
     lexeme = regex(_raw_pattern(schema.get("pattern")))
     if "minLength" in schema or "maxLength" in schema:
         lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
         lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
-    # The parser ends a value at the first "\n</parameter>\n": a value that
-    # held its own closing tag would be cut there and the call lost.
-    lexeme += " & ~" + regex(f"(?s:.*{regex_literal(end.rstrip())}.*)")
-    return seq(g.lexeme(lexeme), lit(end))
+    if end_tid is None:
+        # The parser ends a value at the first closing tag: a value that
+        # held its own would be cut there and the call lost.
+        lexeme += " & ~" + regex(f"(?s:.*{regex_literal(end.rstrip())}.*)")
+    return seq(g.lexeme(lexeme), close)
 
 
 def _raw_pattern(pattern: str | None) -> str:

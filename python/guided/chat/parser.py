@@ -19,7 +19,7 @@ from typing import Callable
 from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
-from .tool_formats import ARGS, CALL_ID, CALL_ID_PATTERN, NAME, DetectedFormat, Lit, Special, resolve
+from .tool_formats import ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, PyArgs, Special, resolve
 
 _DECODER = json.JSONDecoder()
 
@@ -37,6 +37,7 @@ class ChatDelta:
 class ParsedCall:
     name: str | None = None
     call_id: str | None = None
+    index: str | None = None  # the INDEX the model wrote, where the format has one
     args: str = ""            # the arguments JSON text so far
     done: bool = False
 
@@ -83,7 +84,7 @@ class ChatParser:
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
         self.call_ids: list[str] = []
         self.done_calls: set[int] = set()
-        self._id_prefix = uuid.uuid4().hex[:16]
+        self._id_prefix = uuid.uuid4().hex[:16]      # one per message, or per call (alnum9)
         self.broken = False                          # the calls block did not parse
         self.finished = False
         self.ids: list[int] = []                     # every token pushed
@@ -212,6 +213,8 @@ class ChatParser:
         if self.after_reasoning:
             text = text.lstrip("\n")
         if self.mode == "calls" and not self.broken:
+            if not text.strip():
+                return ""   # the template's whitespace before a call-only answer's calls
             sep = self.tools.content_sep or ""
             return text[:-len(sep)] if sep and text.endswith(sep) else text
         if final:
@@ -243,24 +246,32 @@ class ChatParser:
 
     def _call_deltas(self, calls: list[ParsedCall]) -> list[ChatDelta]:
         out = []
-        needs_id = self.tools is not None and CALL_ID in self.tools.format.call
+        if self.tools is None:
+            return out
+        fmt = self.tools.format
+        needs_id = CALL_ID in fmt.call or fmt.id_template is not None
         for i, call in enumerate(calls):
-            if call.name is None or (needs_id and call.call_id is None):
+            if call.name is None or (needs_id and call.call_id is None and call.index is None):
                 break
+            if fmt.id_template is not None and call.call_id is None:
+                call.call_id = fmt.id_template.format(name=call.name, index=call.index)
             if i == len(self.sent_calls):
-                self.call_ids.append(call.call_id or f"call_{self._id_prefix}{i}")
+                self.call_ids.append(call.call_id or self.tools.new_call_id(self._new_id_prefix(), i))
                 self.sent_calls.append((True, 0))
                 out.append(ChatDelta(tool_calls=[{"index": i, "id": self.call_ids[i], "type": "function",
                                                   "function": {"name": call.name, "arguments": ""}}]))
             if call.done:
                 self.done_calls.add(i)
-            elif self.tools.format.args_style != "json":
+            elif not isinstance(self.tools.format.args, JsonArgs):
                 break  # XML arguments become JSON only once the call is whole
             sent = self.sent_calls[i][1]
             if len(call.args) > sent:
                 out.append(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.args[sent:]}}]))
                 self.sent_calls[i] = (True, len(call.args))
         return out
+
+    def _new_id_prefix(self) -> str:
+        return uuid.uuid4().hex if self.tools.id_style == "alnum9" else self._id_prefix
 
     # -- the calls block ------------------------------------------------
 
@@ -294,10 +305,20 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
             return calls, cur.ok
         if cur.at_end():
             return calls, True
-        if not cur.peek(f.sep) or (not f.sep and not cur.peek(f.call)):
+        if not cur.peek(f.sep or _lead(f.call)):
             break
     cur.parts(f.close)
     return calls, cur.ok
+
+
+def _lead(parts) -> tuple:
+    """The fixed parts a call starts with (up to its first hole)."""
+    out = []
+    for p in parts:
+        if not isinstance(p, (Lit, Special)):
+            break
+        out.append(p)
+    return tuple(out)
 
 
 def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -> bool:
@@ -309,11 +330,23 @@ def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -
             if call.name is None:
                 return False
         elif part is CALL_ID:
-            call.call_id = cur.regex(CALL_ID_PATTERN)
+            call.call_id = cur.regex(f.call_id)
             if call.call_id is None:
                 return False
+        elif part is INDEX:
+            call.index = cur.regex(r"[0-9]{1,3}")
+            if call.index is None or cur.at_end():   # more digits may follow
+                call.index = None
+                return False
         elif part is ARGS:
-            if not (cur.json_args(call) if f.args_style == "json" else cur.xml_args(call, schemas)):
+            nxt = cur.render(parts[k + 1]) if k + 1 < len(parts) else ""
+            if isinstance(f.args, JsonArgs):
+                if not cur.json_args(call):
+                    return False
+            elif isinstance(f.args, PyArgs):
+                if not cur.py_args(call, f.args, schemas, nxt):
+                    return False
+            elif not cur.xml_args(call, f.args, schemas, nxt):
                 return False
         elif not cur.parts((part,)):
             return False
@@ -380,28 +413,108 @@ class _Cursor:
         self.pos = end
         return True
 
-    def xml_args(self, call: ParsedCall, schemas: dict[str, dict]) -> bool:
+    def xml_args(self, call: ParsedCall, style, schemas: dict[str, dict], nxt: str) -> bool:
+        """XML arguments (tool_formats.XmlArgs) into ``call.args`` as JSON,
+        once they are whole: False while the text ends inside them."""
         props = (schemas.get(call.name) or {}).get("properties") or {}
+        key_open, value_close = self.fixed(style.key_open), self.fixed(style.value_close)
+        close_head = self.render(style.key_close[0]) if style.key_close else ""
         values = {}
-        while self.text.startswith("<parameter=", self.pos):
-            head = self.text.find(">\n", self.pos)
-            tail = self.text.find("\n</parameter>\n", head + 2) if head >= 0 else -1
+        while True:
+            if not self.text.startswith(key_open, self.pos):
+                rest = self.text[self.pos:]
+                if key_open.startswith(rest) and rest or (not rest and nxt):
+                    return False   # cut before the next part: which one is not known yet
+                break
+            head = self.pos + len(key_open)
+            end_name = self.text.find(close_head, head) if close_head else head
+            if end_name < 0:
+                return False
+            name, is_string = self.text[head:end_name], None
+            self.pos = end_name
+            for part in style.key_close:
+                if part is IS_STRING:
+                    flag = self.regex("true|false")
+                    if flag is None:
+                        return False
+                    is_string = flag == "true"
+                elif not self.expect(self.render(part)):
+                    return False
+            tail = self.text.find(value_close, self.pos)
             if tail < 0:
                 return False
-            name, raw = self.text[self.pos + len("<parameter="):head], self.text[head + 2:tail]
-            values[name] = _xml_typed(raw, props.get(name) or {})
-            self.pos = tail + len("\n</parameter>\n")
-        rest = self.text[self.pos:]
-        if len(rest) < len("</function>") and ("<parameter=".startswith(rest) or
-                                               "</function>".startswith(rest)):
-            return False   # cut before the next part: which one is not known yet
+            raw = self.text[self.pos:tail]
+            values[name] = raw if is_string else _xml_typed(raw, props.get(name) or {}) \
+                if is_string is None else _json_or_raw(raw)
+            self.pos = tail + len(value_close)
         call.args = json.dumps(values, ensure_ascii=False)
         return True
 
+    def py_args(self, call: ParsedCall, style: PyArgs, schemas: dict[str, dict], nxt: str) -> bool:
+        """Python keyword arguments (tool_formats.PyArgs) into ``call.args``
+        as JSON, once they are whole: False while the text ends inside them."""
+        props = (schemas.get(call.name) or {}).get("properties") or {}
+        values = {}
+        while not self.text.startswith(nxt, self.pos):
+            if values and not self.expect(", "):
+                return False
+            eq = self.text.find("=", self.pos)
+            if eq < 0:
+                return False
+            name = self.text[self.pos:eq]
+            self.pos = eq + 1
+            value = self._py_value(style, props.get(name) or {})
+            if value is _CUT:
+                return False
+            values[name] = value
+        call.args = json.dumps(values, ensure_ascii=False)
+        return True
+
+    def _py_value(self, style: PyArgs, schema: dict):
+        kind = schema.get("type")
+        quoted = style.quote_all or (kind == "string" or self.text.startswith(style.quote, self.pos))
+        if quoted and kind not in ("object", "array"):
+            q = '"' if style.quote_all else style.quote
+            if not self.expect(q):
+                return _CUT
+            end = self.text.find(q, self.pos)
+            if end < 0:
+                return _CUT
+            raw, self.pos = self.text[self.pos:end], end + 1
+            return raw if kind == "string" else _py_scalar(raw)
+        if style.quote_all and not self.expect('"'):
+            return _CUT
+        if self.text.startswith(("{", "["), self.pos):
+            try:
+                value, self.pos = _DECODER.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError:
+                return _CUT
+        else:
+            m = re.compile(r"[^,)\"]*").match(self.text, self.pos)
+            if m.end() >= len(self.text):
+                return _CUT   # the value may go on
+            value, self.pos = _py_scalar(m.group(0)), m.end()
+        if style.quote_all and not self.expect('"'):
+            return _CUT
+        return value
+
+    def fixed(self, parts) -> str:
+        return "".join(self.render(p) for p in parts)
+
+
+_CUT = object()   # a value the text ends inside
+
+
+def _py_scalar(raw: str):
+    """A Python scalar as a template writes it (True, None, 24, 1.5)."""
+    return {"True": True, "False": False, "None": None}.get(raw, _json_or_raw(raw))
+
 
 def _xml_typed(raw: str, schema: dict):
-    if schema.get("type") == "string":
-        return raw
+    return raw if schema.get("type") == "string" else _json_or_raw(raw)
+
+
+def _json_or_raw(raw: str):
     try:
         return json.loads(raw)
     except json.JSONDecodeError:

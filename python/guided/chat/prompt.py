@@ -83,18 +83,25 @@ class CompletionMemo:
     prefix cache where the answer starts. When a client sends an answer
     back, its text runs are tokenized as the model wrote them: the same text,
     the same tokens, the cache hit up to the new turn.
+
+    A run between two control tokens comes back as a whole piece of the
+    prompt and is matched only so; an answer's first run (when the answer
+    starts with text) comes back after the generation prompt's text and is
+    matched at the end of a piece. No other piece is touched: a short run
+    such as "\n" between two calls must not re-split an earlier turn.
     """
 
     _KEY_TAIL = 16
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        self._runs: OrderedDict[str, list[int]] = OrderedDict()
+        self._runs: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()  # (text, at_end) → ids
         self._by_tail: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
     def remember(self, ids: list[int], special: SpecialTokens, tokenizer: TokenizerWrapper) -> None:
         run: list[int] = []
+        first = True
         for t in [*ids, None]:
             if t is not None and t not in special.control_ids:
                 run.append(t)
@@ -102,27 +109,35 @@ class CompletionMemo:
             if run:
                 text = tokenizer.decode(run, skip_special_tokens=False)
                 if "\ufffd" not in text:
-                    self._put(text, run)
+                    self._put(text, run, at_end=first)
             run = []
+            first = False
 
-    def _put(self, text: str, ids: list[int]) -> None:
+    def _put(self, text: str, ids: list[int], at_end: bool) -> None:
         with self._lock:
-            self._runs[text] = list(ids)
-            self._runs.move_to_end(text)
-            self._by_tail.setdefault(text[-self._KEY_TAIL:], set()).add(text)
+            key = (text, at_end)
+            self._runs[key] = list(ids)
+            self._runs.move_to_end(key)
+            if at_end:
+                self._by_tail.setdefault(text[-self._KEY_TAIL:], set()).add(text)
             while len(self._runs) > self.capacity:
-                old, _ = self._runs.popitem(last=False)
-                self._by_tail.get(old[-self._KEY_TAIL:], set()).discard(old)
+                (old, old_at_end), _ = self._runs.popitem(last=False)
+                if old_at_end:
+                    self._by_tail.get(old[-self._KEY_TAIL:], set()).discard(old)
 
     def encode(self, piece: str, tokenizer: TokenizerWrapper) -> list[int]:
-        """``piece`` as tokens: a remembered run at its end keeps its tokens."""
+        """``piece`` as tokens: a remembered run that is the whole piece, or
+        an answer's first run at its end, keeps its tokens."""
         with self._lock:
+            whole = self._runs.get((piece, False))
+            if whole is not None:
+                return list(whole)
             best = ""
             for k in range(1, min(self._KEY_TAIL, len(piece)) + 1):
                 for key in self._by_tail.get(piece[-k:], ()):
                     if len(key) > len(best) and piece.endswith(key):
                         best = key
-            ids = list(self._runs[best]) if best else []
+            ids = list(self._runs[(best, True)]) if best else []
         head = piece[:len(piece) - len(best)]
         return (tokenizer.encode_text(head) if head else []) + ids
 

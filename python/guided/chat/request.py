@@ -87,7 +87,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
         template_tools = None
     encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs)
 
-    tool_plan = _tool_plan(fmt, parsed_tools, choice, o.parallel_tool_calls, o.tool_grammar)
+    tool_plan = _tool_plan(fmt, parsed_tools, choice, o.parallel_tool_calls, o.tool_grammar,
+                           _call_lead(fmt.call_ws, encoded.generation_prompt) if chat.reasoning is None else "")
     reasoning = _reasoning_plan(chat, encoded, effort)
     if answer is not None:
         where = "response_format" if o.structured_outputs is None else "structured_outputs"
@@ -281,14 +282,22 @@ def _template_kwargs(chat: ChatFormat, given: dict | None, effort: str | None) -
 # -- plans ---------------------------------------------------------------
 
 
-def _tool_plan(fmt, tools, choice, parallel: bool, tool_grammar: bool) -> ToolPlan | None:
+def _tool_plan(fmt, tools, choice, parallel: bool, tool_grammar: bool, lead: str) -> ToolPlan | None:
     if choice == "none" or not tools or (choice == "auto" and not tool_grammar):
         return None
     if isinstance(choice, dict):
         chosen = tuple(Tool(t["name"], t["schema"]) for t in tools if t["name"] == choice["name"])
-        return ToolPlan(fmt, chosen, "required", parallel=False)
+        return ToolPlan(fmt, chosen, "required", parallel=False, lead=lead)
     return ToolPlan(fmt, tuple(Tool(t["name"], t["schema"]) for t in tools), choice,
-                    parallel=parallel and fmt.parallel)
+                    parallel=parallel and fmt.parallel, lead=lead)
+
+
+def _call_lead(call_ws: str, generation_prompt: str) -> str:
+    """What the model writes before the calls of a call-only answer: the
+    template's whitespace there, less what the generation prompt already ends
+    with. (Not for models with reasoning: their layout says what comes first.)"""
+    tail = generation_prompt[len(generation_prompt.rstrip()):]
+    return call_ws[len(tail):] if call_ws.startswith(tail) else call_ws
 
 
 def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None) -> ReasoningPlan | None:

@@ -2,16 +2,22 @@
 
 Sandboxed (templates ship inside model files and are untrusted), with the
 same whitespace options and helpers (`raise_exception`, `strftime_now`,
-`tojson`) that templates written for transformers expect.
+`tojson`) that templates written for transformers expect. Unlike
+transformers' immutable sandbox, a template may change lists and dicts
+(`list.append`, as Kimi K2 Thinking's does, and as llama.cpp renders it):
+it gets its own copy of everything it is given, so it can change nothing
+outside its render.
 """
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime
 from functools import lru_cache
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.ext import Extension
+from jinja2.sandbox import SandboxedEnvironment
 
 
 class TemplateError(ValueError):
@@ -27,10 +33,21 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
                       separators=separators, sort_keys=sort_keys)
 
 
+class _GenerationBlock(Extension):
+    """transformers' ``{% generation %}…{% endgeneration %}`` (it marks the
+    assistant's text for training masks, LFM2.5): rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -54,8 +71,8 @@ def render_chat(template: str | None, messages: list[dict], *,
     except jinja2.TemplateError as exc:
         raise TemplateError(f"chat template does not compile: {exc}") from exc
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **kwargs)
+        return compiled.render(messages=copy.deepcopy(messages),
+                               add_generation_prompt=add_generation_prompt, **copy.deepcopy(kwargs))
     except TemplateError:
         raise
     except Exception as exc:  # noqa: BLE001 - a template is untrusted code: any failure is its own

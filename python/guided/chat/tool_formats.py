@@ -44,14 +44,61 @@ class Lit:
 
 @dataclass(frozen=True)
 class Hole:
-    kind: str   # "name", "args" or "call_id"
+    kind: str   # "name", "args", "call_id", "index" or "is_string"
 
 
-NAME, ARGS, CALL_ID = Hole("name"), Hole("args"), Hole("call_id")
+#: The tool's name, its arguments, an id the model writes (matching the
+#: format's ``call_id``), the call's position in its message (written by the
+#: model, never an id), and inside an argument's tag "true"/"false" for
+#: whether its value is a string (DeepSeek V3.2's typed attribute).
+NAME, ARGS, CALL_ID, INDEX, IS_STRING = (Hole("name"), Hole("args"), Hole("call_id"), Hole("index"),
+                                         Hole("is_string"))
 Part = Special | Lit | Hole
 
-#: Mistral's template insists on ids of exactly 9 alphanumerics.
-CALL_ID_PATTERN = r"[A-Za-z0-9]{9}"
+
+@dataclass(frozen=True)
+class JsonArgs:
+    """The arguments object as the template's ``tojson`` writes it."""
+
+
+@dataclass(frozen=True)
+class XmlArgs:
+    """One element per argument, ``key_open KEY key_close VALUE value_close``,
+    in the order the schema lists them: a string is written raw, any other
+    value as JSON (as the templates write them)."""
+
+    key_open: tuple[Part, ...]
+    key_close: tuple[Part, ...]
+    value_close: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class PyArgs:
+    """Python keyword arguments, ``key=VALUE, key=VALUE`` in the schema's
+    order (pythonic calls). ``quote_all`` False: a string is ``quote`` + raw
+    text + ``quote``, numbers, True/False/None as Python writes them, objects
+    and arrays as JSON (LFM2.5). ``quote_all`` True: every value is written
+    ``"`` + its text + ``"`` (Llama 4's pythonic template)."""
+
+    quote: str = "'"
+    quote_all: bool = False
+
+    def value(self, v) -> str:
+        """A value as the template writes it."""
+        if self.quote_all:
+            return '"' + (v if isinstance(v, str) else py_text(v)) + '"'
+        if isinstance(v, str):
+            return self.quote + v + self.quote
+        return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else py_text(v)
+
+
+def py_text(v) -> str:
+    """``str(v)`` as Jinja's ``|string`` gives it for a JSON scalar."""
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
+
+
+ArgsStyle = JsonArgs | XmlArgs | PyArgs
+JSON_ARGS = JsonArgs()
 
 
 @dataclass(frozen=True)
@@ -61,9 +108,12 @@ class ToolFormat:
     open: tuple[Part, ...] = ()
     sep: tuple[Part, ...] = ()
     close: tuple[Part, ...] = ()
-    #: "json": ARGS is the arguments object as the template's tojson writes it;
-    #: "xml": one `<parameter=NAME>\nVALUE\n</parameter>\n` per argument.
-    args_style: str = "json"
+    args: ArgsStyle = JSON_ARGS
+    #: the ids the model writes where the call has a CALL_ID (a regex)
+    call_id: str = r"[A-Za-z0-9]{9}"
+    #: where the template shows a call's id built from its name and INDEX
+    #: (Kimi's "functions.{name}:{index}"), the ids given to calls
+    id_template: str | None = None
 
     @property
     def trigger(self) -> Part:
@@ -79,27 +129,38 @@ class ToolFormat:
         out = []
         for item in parts:
             part, i = item if isinstance(item, tuple) else (item, None)
-            out.append(self._render_part(part, calls[i] if i is not None else None, special))
+            out.append(self._render_part(part, calls[i] if i is not None else None, i, special))
         return "".join(out)
 
-    def _render_part(self, part: Part, call: dict | None, special: SpecialTokens | None) -> str:
+    def _render_part(self, part: Part, call: dict | None, index: int | None,
+                     special: SpecialTokens | None) -> str:
         if isinstance(part, (Lit, Special)):
             return resolve(part, special)[1]
         if part is NAME:
             return call["name"]
         if part is CALL_ID:
             return call["id"]
-        return render_args(call["arguments"], self.args_style)
+        if part is INDEX:
+            return str(index)
+        return render_args(call["arguments"], self.args, special)
 
 
-def render_args(arguments: dict, style: str) -> str:
-    if style == "json":
+def render_args(arguments: dict, style: ArgsStyle, special: SpecialTokens | None = None) -> str:
+    if isinstance(style, JsonArgs):
         return json.dumps(arguments, ensure_ascii=False)
-    return "".join(f"<parameter={k}>\n{xml_value(v)}\n</parameter>\n" for k, v in arguments.items())
+    if isinstance(style, PyArgs):
+        return ", ".join(f"{k}={style.value(v)}" for k, v in arguments.items())
+
+    def fixed(parts, value=None) -> str:
+        return "".join(("true" if isinstance(value, str) else "false") if p is IS_STRING
+                       else resolve(p, special)[1] for p in parts)
+    return "".join(
+        fixed(style.key_open) + k + fixed(style.key_close, v) + xml_value(v) + fixed(style.value_close)
+        for k, v in arguments.items())
 
 
 def xml_value(value) -> str:
-    """As Qwen3-Coder's template writes a parameter: strings raw, the rest as JSON."""
+    """As the XML-argument templates write a value: strings raw, the rest as JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -111,7 +172,9 @@ TABLE: tuple[ToolFormat, ...] = (
     # Qwen3-Coder: XML-like functions and parameters inside <tool_call> tokens
     ToolFormat("qwen3_coder", call=(Special("tool_call_start", "<tool_call>"), Lit("\n<function="), NAME, Lit(">\n"),
                                     ARGS, Lit("</function>\n"), Special("tool_call_end", "</tool_call>")),
-               sep=(Lit("\n"),), args_style="xml"),
+               sep=(Lit("\n"),),
+               args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">\n"),),
+                            value_close=(Lit("\n</parameter>\n"),))),
     # Mistral Nemo (v3 tokenizer): a JSON list after [TOOL_CALLS]
     ToolFormat("mistral_list", open=(Special("tool_calls_marker", "[TOOL_CALLS]"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
@@ -147,6 +210,84 @@ TABLE: tuple[ToolFormat, ...] = (
     ToolFormat("minimax_m1", open=(Special("tool_calls_block_start", "<tool_calls>"), Lit("\n")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}\n")),
                close=(Special("tool_calls_block_end", "</tool_calls>"),)),
+    # GLM-4.6: <tool_call>NAME, then <arg_key>/<arg_value> pairs, one per line
+    ToolFormat("glm4.6", call=(Special("tool_call_start", "<tool_call>"), NAME, Lit("\n"), ARGS,
+                               Special("tool_call_end", "</tool_call>")),
+               sep=(Lit("\n"),),
+               args=XmlArgs(key_open=(Special("arg_key_start", "<arg_key>"),),
+                            key_close=(Special("arg_key_end", "</arg_key>"), Lit("\n"),
+                                       Special("arg_value_start", "<arg_value>")),
+                            value_close=(Special("arg_value_end", "</arg_value>"), Lit("\n")))),
+    # GLM-4.5 (llama.cpp's edit): as GLM-4.6 with no newline after the name or a value
+    ToolFormat("glm4.5", call=(Special("tool_call_start", "<tool_call>"), NAME, ARGS,
+                               Special("tool_call_end", "</tool_call>")),
+               sep=(Lit("\n"),),
+               args=XmlArgs(key_open=(Special("arg_key_start", "<arg_key>"),),
+                            key_close=(Special("arg_key_end", "</arg_key>"), Lit("\n"),
+                                       Special("arg_value_start", "<arg_value>")),
+                            value_close=(Special("arg_value_end", "</arg_value>"),))),
+    # MiniMax-M2: <invoke name=…> with <parameter name=…> elements
+    ToolFormat("minimax_m2", open=(Special("minimax_tool_call_start", "<minimax:tool_call>"), Lit("\n")),
+               call=(Lit('<invoke name="'), NAME, Lit('">\n'), ARGS, Lit("</invoke>\n")),
+               close=(Special("minimax_tool_call_end", "</minimax:tool_call>"),),
+               args=XmlArgs(key_open=(Lit('<parameter name="'),), key_close=(Lit('">'),),
+                            value_close=(Lit("</parameter>\n"),))),
+    # ByteDance Seed-OSS: Qwen3-Coder-like functions in <seed:tool_call>, values unpadded
+    ToolFormat("seed_oss", call=(Special("seed_tool_call_start", "<seed:tool_call>"), Lit("\n<function="), NAME,
+                                 Lit(">\n"), ARGS, Lit("</function>\n"),
+                                 Special("seed_tool_call_end", "</seed:tool_call>")),
+               sep=(Lit("\n"),),
+               args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">"),),
+                            value_close=(Lit("</parameter>\n"),))),
+    # DeepSeek-V3.2: DSML invoke/parameter tags, each parameter typed string="true|false"
+    ToolFormat("deepseek_v3.2", open=(Lit("<｜DSML｜function_calls>\n"),),
+               call=(Lit('<｜DSML｜invoke name="'), NAME, Lit('">\n'), ARGS, Lit("</｜DSML｜invoke>\n")),
+               close=(Lit("</｜DSML｜function_calls>"),),
+               # the template joins parameters with "\n" and ends the last with
+               # one: the same bytes as a "\n" after each (a tool with no
+               # arguments gets one "\n" where the template writes two)
+               args=XmlArgs(key_open=(Lit('<｜DSML｜parameter name="'),),
+                            key_close=(Lit('" string="'), IS_STRING, Lit('">')),
+                            value_close=(Lit("</｜DSML｜parameter>\n"),))),
+    # Kimi K2 (Thinking): a section of calls, each id "functions.NAME:IDX"
+    ToolFormat("kimi_k2", open=(Special("tool_calls_section_begin", "<|tool_calls_section_begin|>"),),
+               call=(Special("kimi_tool_call_begin", "<|tool_call_begin|>"), Lit("functions."), NAME, Lit(":"),
+                     INDEX, Special("kimi_tool_args_begin", "<|tool_call_argument_begin|>"), ARGS,
+                     Special("tool_call_list_end", "<|tool_call_end|>")),
+               close=(Special("tool_calls_section_end", "<|tool_calls_section_end|>"),),
+               id_template="functions.{name}:{index}"),
+    # InternLM2: <|action_start|><|plugin|> and the function object as JSON
+    ToolFormat("internlm2", call=(Special("action_start", "<|action_start|>"), Special("plugin", "<|plugin|>"),
+                                  Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}"),
+                                  Special("action_end", "<|action_end|>"))),
+    # IBM Granite 3: one "<|tool_call|> {…}" line per call
+    ToolFormat("granite", call=(Special("tool_call_marker", "<|tool_call|>"), Lit(' {"name": "'), NAME,
+                                Lit('", "arguments": '), ARGS, Lit("}\n"))),
+    # Cohere Command R7B: an indented JSON list of actions with running indices
+    ToolFormat("command_r7b", open=(Special("action_list_start", "<|START_ACTION|>"), Lit("[\n    ")),
+               call=(Lit('{"tool_call_id": "'), INDEX, Lit('", "tool_name": "'), NAME,
+                     Lit('", "parameters": '), ARGS, Lit("}")),
+               sep=(Lit(",\n    "),), close=(Lit("\n]"), Special("action_list_end", "<|END_ACTION|>"))),
+    # Mistral 7B v0.3 (vLLM's parallel template): a space after [TOOL_CALLS]
+    ToolFormat("mistral_list_space", open=(Special("tool_calls_marker", "[TOOL_CALLS]"), Lit(" [")),
+               call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
+                     CALL_ID, Lit('"}')),
+               sep=(Lit(", "),), close=(Lit("]"),)),
+    # Hunyuan-A13B, Apriel: a JSON list in <tool_calls> (text markers)
+    ToolFormat("tool_calls_list", open=(Special("tool_calls_block_start", "<tool_calls>"), Lit("[")),
+               call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
+               sep=(Lit(", "),), close=(Lit("]"), Special("tool_calls_block_end", "</tool_calls>"))),
+    # Salesforce xLAM: the message is a bare JSON list of calls
+    ToolFormat("xlam", open=(Lit('[{"name": "'),),
+               call=(NAME, Lit('", "arguments": '), ARGS, Lit("}")),
+               sep=(Lit(', {"name": "'),), close=(Lit("]"),)),
+    # Liquid LFM2.5: a Python list of calls, strings in single quotes
+    ToolFormat("pythonic_lfm", open=(Special("tool_call_list_start", "<|tool_call_start|>"), Lit("[")),
+               call=(NAME, Lit("("), ARGS, Lit(")")), sep=(Lit(", "),),
+               close=(Lit("]"), Special("tool_call_list_end", "<|tool_call_end|>")), args=PyArgs("'")),
+    # Llama 4 (vLLM's pythonic template): a Python list of calls, every value in double quotes
+    ToolFormat("pythonic_quoted", open=(Lit("["),), call=(NAME, Lit("("), ARGS, Lit(")")), sep=(Lit(", "),),
+               close=(Lit("]"),), args=PyArgs('"', quote_all=True)),
     # Llama 3.1/3.2/3.3: the whole message is one bare JSON call
     ToolFormat("llama3_json", call=(Lit('{"name": "'), NAME, Lit('", "parameters": '), ARGS, Lit("}"))),
 )
@@ -169,6 +310,16 @@ class DetectedFormat:
     content_sep: str | None     # between content and the calls; None: content is dropped
     empty_content: str | None   # what a call-only message carries as content (None or "")
     native: bool = True         # False: the text envelope, rendered by us
+    #: the whitespace the template writes right before the calls of a
+    #: call-only turn ("\n" after Apriel's and Granite's role headers)
+    call_ws: str = ""
+    #: the ids the engine gives calls whose format has no CALL_ID: "openai"
+    #: (`call_…`), or "alnum9" where the template demands 9 alphanumerics
+    id_style: str = "openai"
+
+    def new_call_id(self, prefix: str, index: int) -> str:
+        """The id of a call the model wrote without one (``prefix``: random hex)."""
+        return prefix[:9] if self.id_style == "alnum9" else f"call_{prefix}{index}"
 
 
 PROBE_CALLS = [
@@ -208,22 +359,57 @@ def detect(render: Render, special: SpecialTokens) -> DetectedFormat:
                           native=False)
 
 
+def probe_calls(fmt: ToolFormat) -> list[dict]:
+    """The probe's calls, with ids in the format's shape where it has one."""
+    if fmt.id_template is None:
+        return PROBE_CALLS
+    return [{**c, "id": fmt.id_template.format(name=c["name"], index=i)} for i, c in enumerate(PROBE_CALLS)]
+
+
 def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedFormat | None:
+    calls = probe_calls(fmt)
     for empty in (None, ""):
-        one = _rendered(render, PROBE_CALLS[:1], empty)
-        if one is None or fmt.render(PROBE_CALLS[:1], special) not in one:
+        one = _rendered(render, calls[:1], empty)
+        if one is None or fmt.render(calls[:1], special) not in one:
             continue
-        two = _rendered(render, PROBE_CALLS, empty)
-        parallel = two is not None and fmt.render(PROBE_CALLS, special) in two
-        return DetectedFormat(fmt, parallel, _content_sep(render, special, fmt), empty)
+        two = _rendered(render, calls, empty)
+        parallel = two is not None and fmt.render(calls, special) in two
+        before = one[:one.index(fmt.render(calls[:1], special))]
+        ws = before[len(before.rstrip()):]
+        if special.reasoning_ids and before.rstrip().endswith(special.text(special.reasoning_ids[1])):
+            ws = ""   # after a reasoning block: its layout says what comes
+        return DetectedFormat(fmt, parallel, _content_sep(render, special, fmt), empty, call_ws=ws,
+                              id_style=_id_style(render, fmt, empty))
     return None
+
+
+def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
+    """"alnum9" where the template refuses OpenAI-style ids in a tool-call
+    round trip (Mistral's "Tool call IDs should be alphanumeric strings with
+    length 9!") but takes 9 alphanumerics; else "openai"."""
+    if CALL_ID in fmt.call or fmt.id_template:
+        return "openai"   # the model writes the ids, in the template's shape
+
+    def round_trip(call_id: str) -> bool:
+        call = {**PROBE_CALLS[0], "id": call_id}
+        messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                    {"role": "assistant", "content": empty, "tool_calls": openai_calls([call])},
+                    {"role": "tool", "tool_call_id": call_id, "content": "Sunny"}]
+        try:
+            render(messages, PROBE_TOOLS)
+            return True
+        except Exception:  # noqa: BLE001 - the template's refusal is the answer
+            return False
+    if round_trip("call_" + "0123456789abcdef" + "0") or not round_trip(PROBE_CALLS[0]["id"]):
+        return "openai"
+    return "alnum9"
 
 
 def _content_sep(render: Render, special: SpecialTokens, fmt: ToolFormat) -> str | None:
     """The whitespace the template puts between content and the calls, if it
     keeps content at all."""
-    text = _rendered(render, PROBE_CALLS[:1], PROBE_CONTENT)
-    calls = fmt.render(PROBE_CALLS[:1], special)
+    text = _rendered(render, probe_calls(fmt)[:1], PROBE_CONTENT)
+    calls = fmt.render(probe_calls(fmt)[:1], special)
     if text is None or PROBE_CONTENT not in text or calls not in text:
         return None
     start = text.index(PROBE_CONTENT) + len(PROBE_CONTENT)
