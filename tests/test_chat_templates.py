@@ -44,13 +44,10 @@ ANSWER = "It is sunny and noon."
 #: only in a way no format can round-trip (the reason is printed).
 ENVELOPE_REASONS = {
     "moonshotai-Kimi-K2.jinja": "the template renders only a call turn's content, never its calls",
-    "GigaChat3-10B-A1.8B.jinja": "a call is a turn of its own after the end-of-turn token",
     "Kimi-K3.jinja": "Kimi K3's tag-token format: not yet in the table",
     "vllm-tool_chat_template_llama3.2_pythonic.jinja": "it prints string values unquoted "
                                                        "(city=Paris): not a Python call",
     "vllm-tool_chat_template_toolace.jinja": "it appends a stray 'r' to every value: not a Python call",
-    "vllm-tool_chat_template_phi4_mini.jinja": "bare objects rendered only without content: not yet in "
-                                               "the table",
 }
 
 
@@ -60,6 +57,8 @@ GAPS = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja":
         "its <|START_THINKING|><|END_THINKING|> before the action is not a reasoning block the "
         "registry knows, and the template ignores add_generation_prompt",
+    "GigaChat3-10B-A1.8B.jinja": "its call is a turn of its own after the end-of-turn token, which "
+                                 "ends generation: found as bare JSON objects, which do not round-trip",
     "unsloth-Apriel-1.5.jinja": "Apriel writes a past call's id but not the last message's: the "
                                 "answer as the model writes it (no id) is not the past turn",
     "Apriel-1.6-15b-Thinker-fixed.jinja": "as Apriel 1.5, and its forced generation prompt opens a "
@@ -72,7 +71,7 @@ def print_matrix():
     yield
     if not ROWS:
         return
-    cols = ("format", "parallel", "ids", "empty", "grammar", "stream", "cache", "note")
+    cols = ("format", "parallel", "ids", "empty", "contract", "grammar", "stream", "cache", "note")
     print("\n\ntemplate matrix (cache: prefix hit of the previous prompt + answer, turns 2 and 3)")
     print(" | ".join(["template", *cols]))
     for name, row in sorted(ROWS.items()):
@@ -82,6 +81,19 @@ def print_matrix():
 def _plan(chat, compiler, messages, **options):
     return prepare_chat(chat, compiler.compile, messages, ChatOptions(tools=PROBE_TOOLS, **options),
                         SamplingParams(max_tokens=512))
+
+
+def _reasoning_prefix(chat, state: str | None) -> str:
+    """What an answer without reasoning starts with: the close of a block
+    the generation prompt opened, or the empty block the template gives
+    every answer (Kimi K2, GLM)."""
+    r = chat.reasoning
+    if r is None or state == "closed":
+        return ""
+    start, end = (chat.special.text(i) for i in chat.special.reasoning_ids)
+    if state == "open":
+        return r.close + end + r.after
+    return start + r.empty[0] + end + r.empty[1] if r.empty else ""
 
 
 def _results(reply: dict) -> list[dict]:
@@ -100,7 +112,8 @@ def _answer_text(chat, messages: list[dict], reply: dict, prompt_text: str, fall
     template's own rendering of ``reply`` after the prompt, with the
     ``following`` messages after it as the next turn has them, up to its end
     token (or ``fallback`` where the template re-renders the turn)."""
-    full = chat.render(normalize_messages(messages + [reply] + following, chat.tools), tools=PROBE_TOOLS,
+    full = chat.render(normalize_messages(messages + [reply] + following, chat.tools, chat.contract),
+                       tools=PROBE_TOOLS,
                        add_generation_prompt=False)
     if not full.startswith(prompt_text):
         return fallback, "the template re-renders the generation prompt in a past turn"
@@ -154,7 +167,8 @@ def test_template(name, default_gguf):
     fmt = chat.tools
     row = ROWS.setdefault(name, {})
     row.update(format=fmt.format.name, parallel=fmt.parallel, ids=fmt.id_style,
-               empty=repr(fmt.empty_content))
+               empty=repr(fmt.empty_content),
+               contract="" if chat.contract.system and not chat.contract.typed_content else chat.contract)
     assert_no_injection(chat)
     if not fmt.native:
         row["note"] = ENVELOPE_REASONS.get(name, "")
@@ -164,10 +178,7 @@ def test_template(name, default_gguf):
     calls = probe_calls(fmt.format)
     n = 2 if fmt.parallel else 1
     state_prompt = _plan(chat, compiler, QUESTION, tool_choice="required")
-    reasoning_close = ""
-    if state_prompt.encoded.reasoning_state == "open":
-        r = chat.reasoning
-        reasoning_close = r.close + chat.special.text(chat.special.reasoning_ids[1]) + r.after
+    reasoning_close = _reasoning_prefix(chat, state_prompt.encoded.reasoning_state)
     end_text = chat.special.text(min(ends))
     reply = {"role": "assistant", "content": None,
              "tool_calls": [{"id": c["id"], "type": "function",
@@ -214,7 +225,7 @@ def test_template(name, default_gguf):
     turn2 = _plan(chat, compiler, messages, tool_choice="auto")
     ratios = [_common(turn2.prompt_ids, state_prompt.prompt_ids + ids) / len(state_prompt.prompt_ids + ids)]
     answer = {"role": "assistant", "content": ANSWER}
-    close2 = reasoning_close if turn2.encoded.reasoning_state == "open" else ""
+    close2 = _reasoning_prefix(chat, turn2.encoded.reasoning_state)
     again = [{"role": "user", "content": "Thanks. And Rome?"}]
     text2, note2 = _answer_text(chat, messages, answer, turn2.encoded.text, close2 + ANSWER + end_text, again)
     ids2 = _tokens(chat, text2)
@@ -227,3 +238,36 @@ def test_template(name, default_gguf):
     row["note"] = note or note2
     if not (note or note2):
         assert min(ratios) >= 0.95, (name, ratios)
+
+
+#: Two small templates written for this test (ChatML shape): one refuses a
+#: system role (as Gemma's does), one reads content as a list of text parts.
+NO_SYSTEM = ("{%- for m in messages -%}{%- if m.role == 'system' -%}"
+             "{{ raise_exception('System role not supported') }}{%- endif -%}"
+             "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor -%}"
+             "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+TYPED = ("{%- for m in messages -%}<|im_start|>{{ m.role }}\n{%- for part in m.content -%}"
+         "{{ part.text }}{%- endfor -%}<|im_end|>\n{%- endfor -%}"
+         "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+
+
+@pytest.mark.parametrize("template, system, typed", [(NO_SYSTEM, False, False), (TYPED, True, True)])
+def test_messages_follow_the_template_contract(template, system, typed, default_gguf):
+    from guided.chat.chat_format import ChatFormat
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    from guided.special_tokens import SpecialTokens
+    from guided.tokenizer import TokenizerWrapper
+    info = gguf_tokenizer_info(GGUFFile(default_gguf).metadata)
+    special = SpecialTokens.classify(info["tokenizer"], info["end_token_ids"], info["bos_token"])
+    chat = ChatFormat(template, special, TokenizerWrapper(info["tokenizer"], special, False), None, "<|im_end|>")
+    assert (chat.contract.system, chat.contract.typed_content) == (system, typed)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]},
+                {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]
+    text = chat.encode(normalize_messages(messages, chat.tools, chat.contract)).text
+    first = "What is 2+2?" if system else "Be brief.\n\nWhat is 2+2?"
+    assert first in text
+    assert text.replace("\n", "") == (("<|im_start|>systemBe brief.<|im_end|>" if system else "") + (
+        f"<|im_start|>user{first}<|im_end|><|im_start|>assistant4<|im_end|>"
+        "<|im_start|>userAnd 3+3?<|im_end|><|im_start|>assistant")).replace("\n", ""), text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
@@ -35,6 +35,18 @@ class ReasoningLayout:
     close: str = "\n"
     after: str = "\n\n"
     kept: bool = False
+    #: (inside, after): the empty block a past answer without reasoning gets
+    #: (Kimi K2's `<think></think>`, GLM's), or None where it gets none
+    empty: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class TemplateContract:
+    """What a template takes, probed once at load (as llama.cpp probes its
+    templates' capabilities); messages are normalised to it."""
+
+    system: bool = True          # a system message (else it opens the first user message)
+    typed_content: bool = False  # content as a list of text parts, never a string
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self._tokens = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
         self.special = special.with_end_ids(self._turn_end_ids(special))
+        self.contract = self._probe_contract()
         self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
         self.tools: DetectedFormat = detect(self._render_probe, self.special)
         self.reasoning = self._reasoning_layout() if self.special.reasoning_ids else None
@@ -102,8 +115,22 @@ class ChatFormat:
     # -- probes --------------------------------------------------------
 
     def _render_probe(self, messages: list[dict], tools: list[dict]) -> str:
-        return self.render(normalize_messages(messages, self.tools_or_none()), tools=tools,
+        return self.render(normalize_messages(messages, self.tools_or_none(), self.contract), tools=tools,
                            add_generation_prompt=False)
+
+    def _probe_contract(self) -> TemplateContract:
+        def shows(messages, text: str) -> bool:
+            try:
+                return text in render_chat(self.template, messages, add_generation_prompt=True, **self._tokens)
+            except TemplateError:
+                return False
+        user = {"role": "user", "content": "Hi there"}
+        typed = not shows([user], "Hi there") and \
+            shows([{"role": "user", "content": [{"type": "text", "text": "Hi there"}]}], "Hi there")
+        contract = TemplateContract(typed_content=typed)
+        system = normalize_messages([{"role": "system", "content": "Be brief."}, user], None, contract)
+        takes_system = shows(system, "Be brief.") or not shows(system[1:], "Hi there")
+        return replace(contract, system=takes_system)
 
     def tools_or_none(self) -> DetectedFormat | None:
         return getattr(self, "tools", None)
@@ -124,6 +151,27 @@ class ChatFormat:
         return set()
 
     def _reasoning_layout(self) -> ReasoningLayout:
+        return replace(self._block_layout(), empty=self._empty_block())
+
+    def _empty_block(self) -> tuple[str, str] | None:
+        """The whitespace of the empty reasoning block the template writes in
+        a past answer that had none, if it writes one."""
+        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE_ANSWER},
+                    {"role": "user", "content": "Again"}]
+        try:
+            text = self.render(messages, add_generation_prompt=False)
+        except TemplateError:
+            return None
+        m = text.find(_PROBE_ANSWER)
+        i = text.rfind(start, text.find("Hi"), max(m, 0))
+        k = text.find(end, i) if i >= 0 else -1
+        if m < 0 or i < 0 or not 0 <= k < m:
+            return None
+        inside, after = text[i + len(start):k], text[k + len(end):m]
+        return None if inside.strip() or after.strip() else (inside, after)
+
+    def _block_layout(self) -> ReasoningLayout:
         start, end = (self.special.text(i) for i in self.special.reasoning_ids)
         messages = [{"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": _PROBE_ANSWER,
@@ -159,12 +207,16 @@ class ChatFormat:
 # -- client messages → what templates expect ---------------------------
 
 
-def normalize_messages(messages: list[dict], fmt: DetectedFormat | None) -> list[dict]:
+def normalize_messages(messages: list[dict], fmt: DetectedFormat | None,
+                       contract: TemplateContract | None = None) -> list[dict]:
     """OpenAI-shaped messages as chat templates expect them: content parts
     joined, tool-call arguments as dicts (templates apply tojson), a call-only
     message's content as the template wants it, and, for the text envelope,
     past calls written into the content as the model wrote them. A tool
-    result without a ``name`` gets its call's (Kimi and GLM templates print it)."""
+    result without a ``name`` gets its call's (Kimi and GLM templates print it).
+    Per the template's ``contract``: system messages open the first user
+    message where it takes none, and content becomes a list of text parts
+    where it wants one."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
@@ -189,7 +241,22 @@ def normalize_messages(messages: list[dict], fmt: DetectedFormat | None) -> list
         if m["role"] == "tool" and "name" not in m and m.get("tool_call_id") in call_names:
             m["name"] = call_names[m["tool_call_id"]]
         out.append(m)
-    return out
+    return _to_contract(out, contract) if contract is not None else out
+
+
+def _to_contract(messages: list[dict], contract: TemplateContract) -> list[dict]:
+    if not contract.system and any(m["role"] == "system" for m in messages):
+        system = "\n\n".join(m["content"] or "" for m in messages if m["role"] == "system")
+        messages = [m for m in messages if m["role"] != "system"]
+        first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if first is None:
+            messages.insert(0, {"role": "user", "content": system})
+        else:
+            messages[first] = {**messages[first], "content": system + "\n\n" + (messages[first]["content"] or "")}
+    if contract.typed_content:
+        messages = [{**m, "content": [{"type": "text", "text": m["content"]}]}
+                    if isinstance(m.get("content"), str) else m for m in messages]
+    return messages
 
 
 def _content_text(content, where: str):

@@ -47,6 +47,10 @@ class ReasoningPlan:
     state: str | None           # generation prompt: "open", "closed" or None
     mode: str                   # "optional", "required", "forbidden"
     budget: int | None = None   # tokens of reasoning text at most (kept by the engine)
+    #: (inside, after): the empty block the template writes in a past turn
+    #: that had no reasoning (Kimi K2's `<think></think>`); such a template
+    #: gets a block on every answer, empty where reasoning is forbidden
+    empty: tuple[str, str] | None = None
 
 
 def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
@@ -65,6 +69,8 @@ def _reasoning(g: GrammarBuilder, r: ReasoningPlan | None) -> Expr:
     close = seq(lit(r.close) if r.state == "open" and r.mode == "forbidden" else "",
                 token(r.end_id), lit(r.after))
     if r.mode == "forbidden":
+        if r.state is None and r.empty is not None:
+            return seq(token(r.start_id), lit(r.empty[0]), token(r.end_id), lit(r.empty[1]))
         return close if r.state == "open" else ""
     # Its budget is kept by the engine (ComposedGrammar.reasoning_end), not
     # by llguidance's max_tokens, which would forbid the closing's rollback.
@@ -72,7 +78,7 @@ def _reasoning(g: GrammarBuilder, r: ReasoningPlan | None) -> Expr:
     if r.state == "open":
         return inside
     block = seq(token(r.start_id), lit(r.open), inside)
-    return block if r.mode == "required" else opt(block)
+    return block if r.mode == "required" or r.empty is not None else opt(block)
 
 
 def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
@@ -88,10 +94,10 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     avoid = () if tid is not None else (trigger_text,)
     anchored = fmt.content_sep is None   # text then calls is impossible: only its start matters
     text = g.subgrammar("answer", answer) if answer else \
-        g.lexeme(text_without(*avoid, anchored=anchored))
+        g.lexeme(text_without(*avoid, anchored=anchored, visible=True))   # whitespace alone is no answer
     if fmt.content_sep is None or answer:
         return alt(text, alone)
-    lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep))
+    lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep, visible=True))
     return alt(text, alone, seq(lead, calls))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +92,12 @@ class CompletionMemo:
     """
 
     _KEY_TAIL = 16
+    _KEPT = 8   # tokenizations kept per text
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        self._runs: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()  # (text, at_end) → ids
+        #: (text, at_end) → the tokenizations the model wrote it in, oldest first
+        self._runs: OrderedDict[tuple[str, bool], list[list[int]]] = OrderedDict()
         self._by_tail: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
@@ -116,7 +118,9 @@ class CompletionMemo:
     def _put(self, text: str, ids: list[int], at_end: bool) -> None:
         with self._lock:
             key = (text, at_end)
-            self._runs[key] = list(ids)
+            kept = self._runs.setdefault(key, [])
+            kept.append(list(ids))
+            del kept[:-self._KEPT]
             self._runs.move_to_end(key)
             if at_end:
                 self._by_tail.setdefault(text[-self._KEY_TAIL:], set()).add(text)
@@ -125,19 +129,21 @@ class CompletionMemo:
                 if old_at_end:
                     self._by_tail.get(old[-self._KEY_TAIL:], set()).discard(old)
 
-    def encode(self, piece: str, tokenizer: TokenizerWrapper) -> list[int]:
+    def encode(self, piece: str, tokenizer: TokenizerWrapper, occurrence: int = 0, count: int = 1) -> list[int]:
         """``piece`` as tokens: a remembered run that is the whole piece, or
-        an answer's first run at its end, keeps its tokens."""
+        an answer's first run at its end, keeps its tokens. Where the same
+        text comes ``count`` times in one prompt (one tool called each turn),
+        the last occurrences take the latest tokenizations, in order."""
         with self._lock:
             whole = self._runs.get((piece, False))
-            if whole is not None:
-                return list(whole)
+            if whole:
+                return list(whole[max(0, len(whole) - count + occurrence)])
             best = ""
             for k in range(1, min(self._KEY_TAIL, len(piece)) + 1):
                 for key in self._by_tail.get(piece[-k:], ()):
                     if len(key) > len(best) and piece.endswith(key):
                         best = key
-            ids = list(self._runs[(best, True)]) if best else []
+            ids = list(self._runs[(best, True)][-1]) if best else []
         head = piece[:len(piece) - len(best)]
         return (tokenizer.encode_text(head) if head else []) + ids
 
@@ -147,16 +153,26 @@ def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWra
     """Token ids of a rendered prompt: added-token texts (the template's) as
     their ids, everything between as plain text with the client's characters
     restored (and the model's own tokens for text it wrote, from ``memo``)."""
-    ids: list[int] = []
     by_text = {t: i for i, t in sorted(special.texts.items(), reverse=True)}
     pattern = re.compile("|".join(map(re.escape, sorted(by_text, key=len, reverse=True))))
-    encode = (lambda s: memo.encode(s, tokenizer)) if memo else tokenizer.encode_text
+    parts: list[str | int] = []   # plain pieces and control token ids, in order
     pos = 0
     for m in pattern.finditer(text):
         if m.start() > pos:
-            ids += encode(escaper.unescape(text[pos:m.start()]))
-        ids.append(by_text[m.group(0)])
+            parts.append(escaper.unescape(text[pos:m.start()]))
+        parts.append(by_text[m.group(0)])
         pos = m.end()
     if pos < len(text):
-        ids += encode(escaper.unescape(text[pos:]))
+        parts.append(escaper.unescape(text[pos:]))
+    counts = Counter(p for p in parts if isinstance(p, str))
+    seen: Counter = Counter()
+    ids: list[int] = []
+    for part in parts:
+        if isinstance(part, int):
+            ids.append(part)
+        elif memo is None:
+            ids += tokenizer.encode_text(part)
+        else:
+            ids += memo.encode(part, tokenizer, seen[part], counts[part])
+            seen[part] += 1
     return ids

@@ -80,16 +80,20 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     kwargs = _template_kwargs(chat, o.chat_template_kwargs, effort)
 
     fmt = chat.tools
-    msgs = normalize_messages(messages, fmt)
+    msgs = normalize_messages(messages, fmt, chat.contract)
     template_tools = [t["raw"] for t in parsed_tools] or None
     if parsed_tools and not fmt.native and "tools" not in chat.template:
         msgs = _with_envelope_system(msgs, parsed_tools)
         template_tools = None
     encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs)
 
-    tool_plan = _tool_plan(fmt, parsed_tools, choice, o.parallel_tool_calls, o.tool_grammar,
-                           _call_lead(fmt.call_ws, encoded.generation_prompt) if chat.reasoning is None else "")
     reasoning = _reasoning_plan(chat, encoded, effort)
+    # the template's whitespace before calls, where no reasoning block (whose
+    # layout says what follows it) can come first
+    no_block = reasoning is None or reasoning.state == "closed" or (
+        reasoning.mode == "forbidden" and reasoning.state is None and reasoning.empty is None)
+    tool_plan = _tool_plan(fmt, parsed_tools, choice, o.parallel_tool_calls, o.tool_grammar,
+                           _call_lead(fmt.call_ws, encoded.generation_prompt) if no_block else "")
     if answer is not None:
         where = "response_format" if o.structured_outputs is None else "structured_outputs"
         try:
@@ -294,8 +298,7 @@ def _tool_plan(fmt, tools, choice, parallel: bool, tool_grammar: bool, lead: str
 
 def _call_lead(call_ws: str, generation_prompt: str) -> str:
     """What the model writes before the calls of a call-only answer: the
-    template's whitespace there, less what the generation prompt already ends
-    with. (Not for models with reasoning: their layout says what comes first.)"""
+    template's whitespace there, less what the generation prompt already ends with."""
     tail = generation_prompt[len(generation_prompt.rstrip()):]
     return call_ws[len(tail):] if call_ws.startswith(tail) else call_ws
 
@@ -307,7 +310,7 @@ def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None) 
     layout = chat.reasoning
     mode = "optional" if effort is None else "forbidden" if effort == "none" else "required"
     return ReasoningPlan(start, end, layout.open, layout.close, layout.after,
-                         encoded.reasoning_state, mode, REASONING_BUDGETS.get(effort))
+                         encoded.reasoning_state, mode, REASONING_BUDGETS.get(effort), empty=layout.empty)
 
 
 def _with_envelope_system(messages: list[dict], tools: list[dict]) -> list[dict]:

@@ -290,6 +290,10 @@ TABLE: tuple[ToolFormat, ...] = (
                close=(Lit("]"),), args=PyArgs('"', quote_all=True)),
     # Llama 3.1/3.2/3.3: the whole message is one bare JSON call
     ToolFormat("llama3_json", call=(Lit('{"name": "'), NAME, Lit('", "parameters": '), ARGS, Lit("}"))),
+    # Phi-4-mini (vLLM's template): bare function objects joined by "," (last:
+    # every row above holds this text inside its markers)
+    ToolFormat("json_objects", call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
+               sep=(Lit(","),)),
 )
 
 #: For templates and tokenizers with no tool support: the envelope is plain
@@ -311,7 +315,8 @@ class DetectedFormat:
     empty_content: str | None   # what a call-only message carries as content (None or "")
     native: bool = True         # False: the text envelope, rendered by us
     #: the whitespace the template writes right before the calls of a
-    #: call-only turn ("\n" after Apriel's and Granite's role headers)
+    #: call-only turn ("\n" after Apriel's and Granite's role headers, after
+    #: GLM's closed reasoning block)
     call_ws: str = ""
     #: the ids the engine gives calls whose format has no CALL_ID: "openai"
     #: (`call_…`), or "alnum9" where the template demands 9 alphanumerics
@@ -368,19 +373,19 @@ def probe_calls(fmt: ToolFormat) -> list[dict]:
 
 def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedFormat | None:
     calls = probe_calls(fmt)
-    for empty in (None, ""):
-        one = _rendered(render, calls[:1], empty)
-        if one is None or fmt.render(calls[:1], special) not in one:
-            continue
-        two = _rendered(render, calls, empty)
-        parallel = two is not None and fmt.render(calls, special) in two
-        before = one[:one.index(fmt.render(calls[:1], special))]
-        ws = before[len(before.rstrip()):]
-        if special.reasoning_ids and before.rstrip().endswith(special.text(special.reasoning_ids[1])):
-            ws = ""   # after a reasoning block: its layout says what comes
-        return DetectedFormat(fmt, parallel, _content_sep(render, special, fmt), empty, call_ws=ws,
-                              id_style=_id_style(render, fmt, empty))
-    return None
+    block = fmt.render(calls[:1], special)
+    found = {empty: text for empty in (None, "")
+             if (text := _rendered(render, calls[:1], empty)) is not None and block in text}
+    if not found:
+        return None
+    # content None where the template takes it, unless it prints "None" (GLM, MiniMax-M2)
+    empty = None if None in found and not ("" in found and found[None] != found[""]) else ""
+    one = found[empty]
+    two = _rendered(render, calls, empty)
+    parallel = two is not None and fmt.render(calls, special) in two
+    before = one[:one.index(block)]
+    return DetectedFormat(fmt, parallel, _content_sep(render, special, fmt), empty,
+                          call_ws=before[len(before.rstrip()):], id_style=_id_style(render, fmt, empty))
 
 
 def _id_style(render: Render, fmt: ToolFormat, empty) -> str:

@@ -58,12 +58,13 @@ def regex_literal(text: str) -> str:
     return "".join(_REGEX_CONTROL.get(c) or ("\\" + c if c in _REGEX_META else c) for c in text)
 
 
-def text_without(*forbidden: str, anchored: bool = False, suffix: str = "") -> Expr:
-    """Any non-empty text, followed by ``suffix``, that does not contain
-    (``anchored``: start with) any of ``forbidden``: an expression for
+def text_without(*forbidden: str, anchored: bool = False, suffix: str = "", visible: bool = False) -> Expr:
+    """Any non-empty text (``visible``: with a character that is not
+    whitespace), followed by ``suffix``, that does not contain (``anchored``:
+    start with) any of ``forbidden``: an expression for
     :meth:`GrammarBuilder.lexeme`. One lexeme, so that a greedy text cannot
     swallow the suffix something else needs."""
-    body = regex(r"(?s:.+)" + regex_literal(suffix))
+    body = regex((r"(?s:.*\S.*)" if visible else r"(?s:.+)") + regex_literal(suffix))
     for f in forbidden:
         esc = regex_literal(f)
         body += " & ~" + regex(f"(?s:{esc}.*)" if anchored else f"(?s:.*{esc}.*)")
