@@ -2,6 +2,8 @@
 and the engine keeps serving."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from guided import LLM, SamplingParams
@@ -80,3 +82,15 @@ def test_a_call_cut_by_the_budget_is_never_content(llm):
         assert not any(d.content for d in deltas), (text, deltas)
         names = [c["function"]["name"] for d in deltas for c in d.tool_calls or [] if c["function"].get("name")]
         assert names == ["get_weather"] * calls, (text, deltas)
+
+
+def test_a_constraint_in_the_sampling_params_is_honoured(llm):
+    """vLLM's way, SamplingParams(structured_outputs=...), means the same as
+    the structured_outputs option; both given and different is an error."""
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    reply = llm.chat(ASK, SamplingParams(max_tokens=32, structured_outputs={"json": schema}))
+    assert set(json.loads(reply.content)) == {"answer"}, reply.content
+    with pytest.raises(ValueError, match="structured_outputs"):
+        llm.chat(ASK, SamplingParams(max_tokens=8, structured_outputs={"json": schema}),
+                 structured_outputs={"regex": "[0-9]+"})

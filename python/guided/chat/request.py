@@ -66,7 +66,7 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
                  options: ChatOptions, sampling_params: SamplingParams | None = None) -> ChatPlan:
     """``compile_check(grammar_json)`` raises ValueError when a grammar does
     not compile (the engine's compiler; its cache makes the later compile free)."""
-    o = options
+    o = _with_params_constraint(options, sampling_params)
     parsed_tools = _check_tools(o.tools, compile_check)
     choice = _check_tool_choice(o.tool_choice, parsed_tools)
     answer = _check_response_format(o.response_format)
@@ -120,6 +120,18 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
 
 
 # -- checks ------------------------------------------------------------
+
+
+def _with_params_constraint(options: ChatOptions, params: SamplingParams | None) -> ChatOptions:
+    """A constraint in the sampling params (vLLM's way) is the same as the
+    structured_outputs option: honoured, never dropped."""
+    given = getattr(params, "structured_outputs", None)
+    if given is None:
+        return options
+    if options.structured_outputs is not None and options.structured_outputs != given:
+        raise ValueError("structured_outputs is given twice, in sampling_params and as an option, "
+                         "and they differ: give one")
+    return replace(options, structured_outputs=given)
 
 
 def _check_tools(tools, compile_check) -> list[dict]:
