@@ -271,3 +271,16 @@ def test_messages_follow_the_template_contract(template, system, typed, default_
     assert text.replace("\n", "") == (("<|im_start|>systemBe brief.<|im_end|>" if system else "") + (
         f"<|im_start|>user{first}<|im_end|><|im_start|>assistant4<|im_end|>"
         "<|im_start|>userAnd 3+3?<|im_end|><|im_start|>assistant")).replace("\n", ""), text
+
+
+def test_constructs_beyond_transformers_sandbox_render():
+    """What other servers render and transformers' immutable sandbox refuses:
+    `{% generation %}` (LFM2.5), `list.append` (Kimi K2 Thinking), `fromjson`
+    (StepFun); the template's changes stay inside its render."""
+    from guided.chat.template import render_chat
+    messages = [{"role": "user", "content": '{"a": [1, 2]}'}]
+    template = ("{% set seen = [] %}{% for m in messages %}{% generation %}{{ m.role }}:"
+                "{% endgeneration %}{% set args = m.content | fromjson %}"
+                "{% set _ = seen.append(args.a | length) %}{{ args.a | tojson }}{% endfor %}"
+                "{{ seen | tojson }}{% set _ = messages.append(1) %}")
+    assert render_chat(template, messages) == "user:[1, 2][2]" and len(messages) == 1

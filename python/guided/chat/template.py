@@ -49,6 +49,7 @@ def _compile(source: str) -> jinja2.Template:
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
+    env.filters["fromjson"] = json.loads   # as llama.cpp's minja (StepFun's string arguments)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
