@@ -187,10 +187,7 @@ def _py_value(g: GrammarBuilder, style: PyArgs, name: str, schema: dict) -> Expr
             lexeme = regex(f"[^{regex_literal(q)}\\\\\\n]*")
             if "pattern" in schema:
                 lexeme += " & " + regex(_raw_pattern(schema["pattern"]))
-            if "minLength" in schema or "maxLength" in schema:
-                lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
-                lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
-            inner = g.lexeme(lexeme)
+            inner = g.lexeme(lexeme + _length(schema))
         return seq(lit(q), inner, lit(q))
     if kind == "boolean":
         inner = alt(lit("True"), lit("False"))
@@ -216,14 +213,20 @@ def _xml_value(g: GrammarBuilder, special: SpecialTokens, style: XmlArgs, name: 
     if free and end_tid is None:
         return g.rule(name, regex(r"(?s:.*)"), suffix=end)
     lexeme = regex(_raw_pattern(schema.get("pattern")))
-    if "minLength" in schema or "maxLength" in schema:
-        lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
-        lexeme += " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
+    lexeme += _length(schema)
     if end_tid is None:
         # The parser ends a value at the first closing tag: a value that
         # held its own would be cut there and the call lost.
         lexeme += " & ~" + regex(f"(?s:.*{regex_literal(end.rstrip())}.*)")
     return seq(g.lexeme(lexeme), close)
+
+
+def _length(schema: dict) -> str:
+    """A string schema's minLength/maxLength as a lexeme intersection ("" if none)."""
+    if "minLength" not in schema and "maxLength" not in schema:
+        return ""
+    lo, hi = int(schema.get("minLength", 0)), schema.get("maxLength")
+    return " & " + regex(f"(?s:.{{{lo},{'' if hi is None else int(hi)}}})")
 
 
 def _raw_pattern(pattern: str | None) -> str:

@@ -84,7 +84,7 @@ class ChatParser:
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
         self.call_ids: list[str] = []
         self.done_calls: set[int] = set()
-        self._id_prefix = uuid.uuid4().hex[:16]      # one per message, or per call (alnum9)
+        self._id_prefix = uuid.uuid4().hex[:16]
         self.broken = False                          # the calls block did not parse
         self.finished = False
         self.ids: list[int] = []                     # every token pushed
@@ -256,7 +256,7 @@ class ChatParser:
             if fmt.id_template is not None and call.call_id is None:
                 call.call_id = fmt.id_template.format(name=call.name, index=call.index)
             if i == len(self.sent_calls):
-                self.call_ids.append(call.call_id or self.tools.new_call_id(self._new_id_prefix(), i))
+                self.call_ids.append(call.call_id or self.tools.new_call_id(self._id_prefix, i))
                 self.sent_calls.append((True, 0))
                 out.append(ChatDelta(tool_calls=[{"index": i, "id": self.call_ids[i], "type": "function",
                                                   "function": {"name": call.name, "arguments": ""}}]))
@@ -269,9 +269,6 @@ class ChatParser:
                 out.append(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.args[sent:]}}]))
                 self.sent_calls[i] = (True, len(call.args))
         return out
-
-    def _new_id_prefix(self) -> str:
-        return uuid.uuid4().hex if self.tools.id_style == "alnum9" else self._id_prefix
 
     # -- the calls block ------------------------------------------------
 

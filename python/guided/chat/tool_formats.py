@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -87,9 +88,7 @@ class PyArgs:
         """A value as the template writes it."""
         if self.quote_all:
             return '"' + (v if isinstance(v, str) else py_text(v)) + '"'
-        if isinstance(v, str):
-            return self.quote + v + self.quote
-        return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else py_text(v)
+        return self.quote + v + self.quote if isinstance(v, str) else py_text(v)
 
 
 def py_text(v) -> str:
@@ -323,8 +322,9 @@ class DetectedFormat:
     id_style: str = "openai"
 
     def new_call_id(self, prefix: str, index: int) -> str:
-        """The id of a call the model wrote without one (``prefix``: random hex)."""
-        return prefix[:9] if self.id_style == "alnum9" else f"call_{prefix}{index}"
+        """The id of call ``index`` of a message the model wrote without ids
+        (``prefix``: random hex, one per message)."""
+        return uuid.uuid4().hex[:9] if self.id_style == "alnum9" else f"call_{prefix}{index}"
 
 
 PROBE_CALLS = [
