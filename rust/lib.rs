@@ -5,6 +5,8 @@ pub mod block_manager;
 pub mod closing;
 pub mod grammar;
 pub mod masks;
+pub mod pool;
+pub mod quant;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
@@ -13,3 +15,5 @@ pub mod sequence;
 mod python;
 #[cfg(feature = "python")]
 mod python_grammar;
+#[cfg(feature = "python")]
+mod python_quant;

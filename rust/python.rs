@@ -245,5 +245,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::python_grammar::PyGrammarCompiler>()?;
     m.add_class::<crate::python_grammar::PyGrammar>()?;
     m.add_class::<crate::python_grammar::PyMatcher>()?;
+    m.add_class::<crate::python_quant::PyQuantMatrix>()?;
+    m.add_function(wrap_pyfunction!(crate::python_quant::quant_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::python_quant::quant_formats, m)?)?;
     Ok(())
 }

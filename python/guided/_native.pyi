@@ -17,7 +17,8 @@ import numpy.typing as npt
 
 from guided.sampling_params import SamplingParams
 
-__all__ = ["Grammar", "GrammarCompiler", "Matcher", "Scheduler", "StepOutput", "StepPlan"]
+__all__ = ["Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
+           "quant_formats", "quant_kernels"]
 
 @final
 class StepPlan:
@@ -254,3 +255,46 @@ class Matcher:
         """The shortest completion found from here that the grammar accepts
         (empty where it accepts already), at most ``max_tokens`` tokens; None
         if none was found. Not consumed."""
+
+@final
+class QuantMatrix:
+    """A weight matrix [rows, cols] in a ggml block format (a GGUF tensor's
+    bytes as stored), multiplied by ggml's CPU kernels: the activations are
+    quantized to 8 bits (Q8_0, Q8_1 or Q8_K, the format the weight's dot
+    product pairs with), every output is one dot product, rows split over
+    threads, the GIL released."""
+
+    def __new__(cls, ggml_type: int, rows: int, cols: int, data: npt.NDArray[np.uint8]) -> Self:
+        """``data``: rows × row-bytes, contiguous (copied). ValueError names an
+        unsupported type, columns that are not whole blocks, or a wrong length."""
+    @staticmethod
+    def quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> QuantMatrix:
+        """A float32 [rows, cols] matrix in ``ggml_type``, by ggml's reference quantizer."""
+    @property
+    def rows(self) -> int: ...
+    @property
+    def cols(self) -> int: ...
+    @property
+    def format(self) -> str:
+        """ggml's name of the block format, e.g. "Q4_1"."""
+    @property
+    def has_precise(self) -> bool:
+        """Whether ``matmul(precise=True)`` makes its second pass (ggml
+        dequantizes the activation format: Q8_0, not Q8_1 or Q8_K)."""
+    @property
+    def nbytes(self) -> int: ...
+    def matmul(self, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32], precise: bool = False) -> None:
+        """out[b, r] = Σ_c x[b, c] · W[r, c]; x [batch, cols], out [batch, rows],
+        float32, C-contiguous. ``precise``: the activations' rounding error
+        gets a second pass (about 16-bit activations)."""
+    def dequantize(self, out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
+        """The dense [rows, cols] matrix by ggml's dequantization, into ``out`` if given."""
+    def blocks(self) -> npt.NDArray[np.uint8]:
+        """The matrix's bytes as stored (a copy)."""
+
+def quant_kernels() -> str | None:
+    """The ISA level of ggml's kernels picked for this CPU at run time
+    ("avx2", "avx512"), or None where none runs (then models load dense)."""
+
+def quant_formats() -> list[tuple[str, int]]:
+    """(name, ggml type id) of every weight format with a quantized kernel."""

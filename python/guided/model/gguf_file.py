@@ -88,17 +88,21 @@ class GGUFFile:
         data_start = -(-cur.pos // align) * align
         self.tensors = [TensorInfo(n, s, q, data_start + off) for n, s, q, off in raw]
 
-    def read(self, info: TensorInfo) -> np.ndarray:
-        """The tensor as float32 (or its stored float type), shaped in torch order."""
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes as stored: uint8 [*shape[:-1], row_bytes] (a view of the file)."""
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         rows = int(np.prod(info.shape[:-1], dtype=np.int64))
         row_bytes = info.shape[-1] // block * type_size
-        end = info.offset + rows * row_bytes
-        if end > len(self._map):
+        if info.offset + rows * row_bytes > len(self._map):
             raise ValueError(f"{self.path}: tensor {info.name} runs past the end of the file (truncated?)")
         data = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
+        return data.reshape(*info.shape[:-1], row_bytes)
+
+    def read(self, info: TensorInfo) -> np.ndarray:
+        """The tensor as float32 (or its stored float type), shaped in torch order."""
+        data = self.raw(info)
         if info.qtype == GGMLQuantizationType.F32:
             return data.view(np.float32).reshape(info.shape)
         if info.qtype == GGMLQuantizationType.F16:
             return data.view(np.float16).reshape(info.shape)
-        return dequantize(data.reshape(*info.shape[:-1], row_bytes), info.qtype)
+        return dequantize(data, info.qtype)

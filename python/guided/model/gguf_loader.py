@@ -6,7 +6,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, TensorInfo
+from .quant_linear import FORMATS, QuantWeight
 from .tokenizer_gguf import build_gguf_tokenizer
 from .weights import WeightSink
 
@@ -31,11 +32,15 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's per-head (2, d/2) → (d/2, 2) row interleave, back to the HF half-split layout."""
+    """Undo llama.cpp's per-head (2, d/2) → (d/2, 2) row interleave, back to the HF half-split layout.
+    Rows move whole, so it applies to a quantized tensor's rows of blocks as well."""
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str, dtype: torch.dtype, device: torch.device):
+def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bool = False):
+    """With `quantized`, the linear layers' weights stay in their GGUF block
+    formats (QuantLinear) where ggml has a CPU kernel for the format; all else
+    is dequantized to `dtype`."""
     gguf = GGUFFile(path)
     md = gguf.metadata
     config = ModelConfig.from_gguf(md)
@@ -48,15 +53,30 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device):
         name = hf_name(info.name)
         if name is None:
             continue
-        w = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
+        keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
+        if keep_blocks and name == "embed_tokens.weight":
+            sink.tied_head = _quant_weight(gguf, info)  # the lm_head when the embeddings are tied
+            keep_blocks = False
+        w = _quant_weight(gguf, info) if keep_blocks else \
+            torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
+        blocks = w.blocks if keep_blocks else w
         if config.architecture in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute(w, config.num_heads)
+            blocks = unpermute(blocks, config.num_heads)
         elif config.architecture in _PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute(w, config.num_kv_heads)
-        sink.add(name, w)
+            blocks = unpermute(blocks, config.num_kv_heads)
+        sink.add(name, QuantWeight(w.ggml_type, w.cols, blocks) if keep_blocks else blocks)
     model = sink.build()
     model.init_rotary(device, dtype, freq_factors)
     return config, model, md
+
+
+# the weights a QuantLinear can hold: every projection, the output head and the (tied) embeddings
+_LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight")
+
+
+def _quant_weight(gguf: GGUFFile, info: TensorInfo) -> QuantWeight:
+    """The tensor's blocks, copied out of the file's map, rows permutable like any tensor's."""
+    return QuantWeight(int(info.qtype), info.shape[-1], torch.from_numpy(np.array(gguf.raw(info))))
 
 
 def gguf_tokenizer_info(md: dict) -> dict:

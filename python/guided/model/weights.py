@@ -5,11 +5,13 @@ import torch
 
 from .config import ModelConfig
 from .llama import CausalLM
+from .quant_linear import DenseScratch, QuantLinear, QuantWeight, dense_copy_budget
 
 
 class WeightSink:
     """Collects HF-named tensors; fuses q|k|v and gate|up as soon as a layer's parts are all in,
-    so at most one layer's unfused copies are alive at a time."""
+    so at most one layer's unfused copies are alive at a time. A linear weight may come as a
+    QuantWeight (a GGUF's blocks): its layer becomes a QuantLinear."""
 
     _QKV = ("q_proj", "k_proj", "v_proj")
     _GATE_UP = ("gate_proj", "up_proj")
@@ -17,10 +19,13 @@ class WeightSink:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
         self.config, self.dtype, self.device = config, dtype, device
         self.state: dict[str, torch.Tensor] = {}
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}
+        self._pending: dict[str, dict[str, torch.Tensor | QuantWeight]] = {}
+        #: the output head's blocks where it is tied to quantized embeddings (held dense for lookup)
+        self.tied_head: QuantWeight | None = None
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        tensor = tensor.to(device=self.device, dtype=self.dtype)
+    def add(self, name: str, tensor: torch.Tensor | QuantWeight) -> None:
+        if isinstance(tensor, torch.Tensor):
+            tensor = tensor.to(device=self.device, dtype=self.dtype)
         name = name.removeprefix("model.")
         parts = name.split(".")
         if parts[0] != "layers":
@@ -39,23 +44,52 @@ class WeightSink:
             self.state[name] = tensor
         # anything else (rotary inv_freq buffers, unused extras) is not a weight we hold
 
-    def _collect(self, fused: str, order: tuple[str, ...], part: str, tensor: torch.Tensor) -> None:
+    def _collect(self, fused: str, order: tuple[str, ...], part: str, tensor) -> None:
         parts = self._pending.setdefault(fused, {})
         parts[part] = tensor
         if len(parts) == len(order):
-            self.state[fused] = torch.cat([parts[p] for p in order], dim=0)
             del self._pending[fused]
+            ordered = [parts[p] for p in order]
+            if all(isinstance(p, QuantWeight) for p in ordered):
+                joined = QuantWeight.concat(ordered)
+                if joined is not None:
+                    self.state[fused] = joined
+                    return
+            # a mix of formats is held dense
+            dense = [p.dense() if isinstance(p, QuantWeight) else p for p in ordered]
+            self.state[fused] = torch.cat([d.to(device=self.device, dtype=self.dtype) for d in dense], dim=0)
 
     def build(self) -> CausalLM:
         if self._pending:
             raise ValueError(f"incomplete weights: {sorted(self._pending)}")
         if "lm_head.weight" not in self.state:
-            self.state["lm_head.weight"] = self.state["embed_tokens.weight"]
+            self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True
         model = CausalLM(self.config)
+        self._quant_linears(model)
         model.load_state_dict(self.state, strict=True, assign=True)
         model.eval()
         return model
+
+
+    def _quant_linears(self, model: CausalLM) -> None:
+        """Put a QuantLinear where the state holds a QuantWeight, with dense copies if they fit."""
+        quantized = {name: self.state.pop(name) for name, w in list(self.state.items())
+                     if isinstance(w, QuantWeight)}
+        tied_dense = self.state.get("embed_tokens.weight") if self.tied_head is not None else None
+        copy_bytes = sum(4 * w.blocks.shape[0] * w.cols for name, w in quantized.items()
+                         if not (name == "lm_head.weight" and tied_dense is not None))
+        keep_dense = copy_bytes <= dense_copy_budget()
+        scratch = DenseScratch()
+        for name, weight in quantized.items():
+            dense = None
+            if keep_dense:
+                dense = tied_dense if name == "lm_head.weight" and tied_dense is not None else weight.dense()
+            parent, _, child = name.removesuffix(".weight").rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            bias = getattr(owner, child).bias is not None
+            setattr(owner, child, QuantLinear(weight, bias, scratch, dense=dense,
+                                              precise=name == "lm_head.weight"))
 
 
 _LAYER_RENAMES = {

@@ -1,0 +1,107 @@
+"""Quantized linears (ggml's CPU kernels through rust/quant.rs) against
+dequantize-then-matmul, for every GGUF block format with a kernel; the
+dequantization checked against the `gguf` package's own, an independent
+implementation. And the quantized default model end to end."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import quants
+from gguf.constants import GGMLQuantizationType
+
+from guided import _native
+
+pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
+                                reason="no build of ggml's quantized kernels runs on this CPU")
+
+FORMATS = dict(_native.quant_formats())
+
+
+def _matrix(name: str, rows: int, cols: int, seed: int) -> _native.QuantMatrix:
+    rng = np.random.default_rng(seed)
+    dense = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    return _native.QuantMatrix.quantize(FORMATS[name], dense)
+
+
+def test_every_supported_format_is_a_gguf_format():
+    assert set(FORMATS) == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+    for name, ty in FORMATS.items():
+        assert GGMLQuantizationType[name] == ty
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_quantized_matmul_equals_dequantize_then_matmul(name):
+    rows, cols = 96, 512
+    m = _matrix(name, rows, cols, seed=FORMATS[name])
+    assert (m.rows, m.cols, m.format) == (rows, cols, name)
+    blocks = m.blocks().reshape(rows, -1)
+    dense = m.dequantize()
+    # ggml's dequantization is the gguf package's, to the bit
+    np.testing.assert_array_equal(dense, quants.dequantize(blocks, GGMLQuantizationType[name]))
+    # a matrix built from the same bytes (as a GGUF tensor is) is the same matrix
+    again = _native.QuantMatrix(FORMATS[name], rows, cols, blocks.reshape(-1))
+    np.testing.assert_array_equal(again.dequantize(), dense)
+    rng = np.random.default_rng(1)
+    for batch in (1, 3, 16):
+        x = rng.standard_normal((batch, cols)).astype(np.float32)
+        want = x.astype(np.float64) @ dense.T.astype(np.float64)
+        scale = np.abs(x) @ np.abs(dense).T    # what the rounding of 8-bit activations is relative to
+        for precise, tolerance in ((False, 2e-2), (True, 2e-4 if m.has_precise else 2e-2)):
+            out = np.full((batch, rows), np.nan, dtype=np.float32)
+            m.matmul(x, out, precise)
+            err = np.abs(out - want) / scale
+            assert err.max() < tolerance, (name, batch, precise, err.max())
+    # rows are independent: one row alone gives what it gives in a batch (batch invariance)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    whole = np.empty((5, rows), np.float32)
+    m.matmul(x, whole)
+    for i in range(5):
+        one = np.empty((1, rows), np.float32)
+        m.matmul(x[i:i + 1], one)
+        np.testing.assert_array_equal(one[0], whole[i])
+
+
+def test_bad_input_is_refused_with_what_was_wrong():
+    q4_1 = FORMATS["Q4_1"]
+    with pytest.raises(ValueError, match="not whole 32-element blocks"):
+        _native.QuantMatrix(q4_1, 2, 48, np.zeros(60, np.uint8))
+    with pytest.raises(ValueError, match="takes 40"):
+        _native.QuantMatrix(q4_1, 2, 32, np.zeros(41, np.uint8))
+    with pytest.raises(ValueError, match="no quantized CPU kernel"):
+        _native.QuantMatrix(int(GGMLQuantizationType.F16), 2, 32, np.zeros(128, np.uint8))
+    m = _matrix("Q4_1", 4, 64, seed=0)
+    with pytest.raises(ValueError, match=r"matmul of x \[2, 32\]"):
+        m.matmul(np.zeros((2, 32), np.float32), np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="dequantize into"):
+        m.dequantize(np.zeros((4, 63), np.float32))
+
+
+def test_quant_linear_dense_path_agrees_with_the_kernel():
+    """Past DENSE_FROM_ROWS a QuantLinear dequantizes and runs a dense GEMM;
+    both paths compute the same product (to the kernel's 8-bit activations)."""
+    from guided.model.quant_linear import DenseScratch, QuantLinear, QuantWeight
+    m = _matrix("Q4_1", 64, 256, seed=3)
+    weight = QuantWeight(FORMATS["Q4_1"], 256, torch.from_numpy(m.blocks().reshape(64, -1)))
+    layer = QuantLinear(weight, bias=False, scratch=DenseScratch())
+    x = torch.randn(layer.dense_from_rows, 256)
+    dense = x @ torch.from_numpy(m.dequantize()).T
+    torch.testing.assert_close(layer(x), dense)                     # the GEMM path: exact weights
+    by_kernel = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])  # the kernel, row by row
+    assert ((by_kernel - dense).abs() / (x.abs() @ torch.from_numpy(np.abs(m.dequantize())).T)).max() < 2e-2
+
+
+def test_gguf_dtype_keeps_the_models_formats(default_gguf):
+    """LLM(dtype="gguf") on a CPU runs the GGUF's own blocks: Q4_1 layers and the Q8_0
+    output head tied to the embeddings, 8-bit activations as llama.cpp; greedy
+    output on the README's prompt is the fp32 model's."""
+    from guided import LLM, SamplingParams
+    from guided.model.quant_linear import QuantLinear
+    quantized = LLM(dtype="gguf", max_num_seqs=4, kv_cache_tokens=2048)
+    assert quantized.loaded.weight_formats == ("Q4_1", "Q8_0")
+    layers = [m for m in quantized.loaded.model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 4 * quantized.loaded.config.num_layers + 1
+    assert sum(m.matrix.nbytes for m in layers) < 100e6   # ~92 MB, where fp32 takes 540 MB
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = quantized.chat(ask, SamplingParams(temperature=0, max_tokens=24))
+    assert reply.content == "The capital of France is Paris."
