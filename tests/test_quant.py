@@ -80,10 +80,9 @@ def test_bad_input_is_refused_with_what_was_wrong():
 def test_quant_linear_dense_path_agrees_with_the_kernel():
     """Past DENSE_FROM_ROWS a QuantLinear dequantizes and runs a dense GEMM;
     both paths compute the same product (to the kernel's 8-bit activations)."""
-    from guided.model.quant_linear import DenseScratch, QuantLinear, QuantWeight
+    from guided.model.quant_linear import DenseScratch, QuantLinear
     m = _matrix("Q4_1", 64, 256, seed=3)
-    weight = QuantWeight(FORMATS["Q4_1"], 256, torch.from_numpy(m.blocks().reshape(64, -1)))
-    layer = QuantLinear(weight, bias=False, scratch=DenseScratch())
+    layer = QuantLinear(m, bias=False, scratch=DenseScratch())
     x = torch.randn(layer.dense_from_rows, 256)
     dense = x @ torch.from_numpy(m.dequantize()).T
     torch.testing.assert_close(layer(x), dense)                     # the GEMM path: exact weights

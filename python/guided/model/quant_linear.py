@@ -54,10 +54,6 @@ class QuantWeight:
     cols: int
     blocks: torch.Tensor
 
-    @property
-    def format(self) -> str:
-        return FORMATS[self.ggml_type]
-
     def matrix(self) -> _native.QuantMatrix:
         data = self.blocks.contiguous().numpy().reshape(-1)
         return _native.QuantMatrix(self.ggml_type, self.blocks.shape[0], self.cols, data)
@@ -96,10 +92,10 @@ class QuantLinear(nn.Module):
     "L'Étoile, ..." for "Paris" without it, as llama.cpp does on the same
     GGUF); it costs a second dot product over weight rows already in cache."""
 
-    def __init__(self, weight: QuantWeight, bias: bool, scratch: DenseScratch,
+    def __init__(self, matrix: _native.QuantMatrix, bias: bool, scratch: DenseScratch,
                  dense: torch.Tensor | None = None, precise: bool = False):
         super().__init__()
-        self.matrix = weight.matrix()
+        self.matrix = matrix
         self.dense, self.precise = dense, precise
         self.in_features, self.out_features = self.matrix.cols, self.matrix.rows
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) \

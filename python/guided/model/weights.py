@@ -82,13 +82,14 @@ class WeightSink:
         keep_dense = copy_bytes <= dense_copy_budget()
         scratch = DenseScratch()
         for name, weight in quantized.items():
-            dense = None
+            matrix, dense = weight.matrix(), None   # the blocks copied into Rust once
             if keep_dense:
-                dense = tied_dense if name == "lm_head.weight" and tied_dense is not None else weight.dense()
+                dense = tied_dense if name == "lm_head.weight" and tied_dense is not None else \
+                    torch.from_numpy(matrix.dequantize())
             parent, _, child = name.removesuffix(".weight").rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             bias = getattr(owner, child).bias is not None
-            setattr(owner, child, QuantLinear(weight, bias, scratch, dense=dense,
+            setattr(owner, child, QuantLinear(matrix, bias, scratch, dense=dense,
                                               precise=name == "lm_head.weight"))
 
 
