@@ -1,4 +1,4 @@
-"""A 4-turn tool-calling agent loop through LLM.chat_batch, on the default model:
+"""A 4-turn tool-calling agent loop through LLM.chat (a batch of conversations), on the default model:
 
     python benches/bench_chat.py [--batch 8] [--turns 4] [--max-tokens 96]
 
@@ -64,19 +64,20 @@ def run(llm: LLM, batch: int, turns: int, max_tokens: int) -> list[dict]:
         before = llm.stats()
         params = [SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=i) for i in range(batch)]
         t0 = time.perf_counter()
-        replies = llm.chat_batch(convs, params, tools=TOOLS, tool_choice="none" if last else "required",
-                                 parallel_tool_calls=False)
+        outs = llm.chat(convs, params, tools=TOOLS, tool_choice="none" if last else "required",
+                        parallel_tool_calls=False, use_tqdm=False)
         wall = time.perf_counter() - t0
         after = llm.stats()
-        prompt = sum(len(r.output.prompt_token_ids) for r in replies)
-        cached = sum(r.output.num_cached_tokens for r in replies)
+        replies = [o.outputs[0] for o in outs]
+        prompt = sum(len(o.prompt_token_ids) for o in outs)
+        cached = sum(o.num_cached_tokens for o in outs)
         generated = after["generated_tokens"] - before["generated_tokens"]
         forced = after["forced_tokens"] - before["forced_tokens"]
         rows.append({"turn": turn + 1, "prompt": prompt, "generated": generated,
                      "tok_s": generated / wall, "forced": forced / max(generated, 1),
                      "hit": cached / prompt, "round_trip": cached / previous if previous else None,
                      "calls": sum(len(r.tool_calls) for r in replies)})
-        previous = prompt + sum(len(r.output.token_ids) for r in replies)
+        previous = prompt + sum(len(r.token_ids) for r in replies)
         for conv, reply in zip(convs, replies):
             conv.append(reply.message())
             for call in reply.tool_calls:
@@ -96,8 +97,8 @@ def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
         for extra in (0, 8, 16, 32):
             params = [SamplingParams(max_tokens=least + extra, temperature=1.0, seed=s) for s in range(seeds)]
             before = llm.stats()
-            replies = llm.run_chat([llm.prepare_chat(ask, p, ChatOptions(tools=TOOLS, tool_choice=choice))
-                                    for p in params])
+            replies = [o.outputs[0] for o in llm.run_chat(
+                [llm.prepare_chat(ask, p, ChatOptions(tools=TOOLS, tool_choice=choice)) for p in params])]
             after = llm.stats()
             valid = 0
             for r in replies:

@@ -31,10 +31,10 @@ def agent_loop(llm, turns: int = 4, system: bool = True, **options) -> list[tupl
     for turn in range(turns):
         last = turn == turns - 1
         # the last turn is measured by its prompt alone: one token of answer will do
-        reply = llm.chat(messages, SamplingParams(max_tokens=1 if last else 64), tools=TOOLS,
+        [out] = llm.chat(messages, SamplingParams(max_tokens=1 if last else 64), tools=TOOLS,
                          tool_choice="none" if last else "required", parallel_tool_calls=False,
                          **options)
-        out = reply.output
+        reply = out.outputs[0]
         if previous is not None:
             same = out.prompt_token_ids[:len(previous)] == previous
             ratios.append((out.num_cached_tokens, len(previous), same))

@@ -42,7 +42,7 @@ def strict_llm(tmp_path_factory):
 def test_bad_options_name_the_field(llm, options, field):
     with pytest.raises(ValueError, match=field):
         llm.chat(ASK, SamplingParams(max_tokens=8), **options)
-    assert llm.chat(ASK, SamplingParams(max_tokens=8)).finish_reason in ("stop", "length")
+    assert llm.chat(ASK, SamplingParams(max_tokens=8))[0].outputs[0].finish_reason in ("stop", "length")
 
 
 def test_bad_messages_name_the_field(llm):
@@ -59,8 +59,8 @@ def test_bad_messages_name_the_field(llm):
 def test_template_that_raises_is_a_clear_error_and_the_engine_serves_on(strict_llm):
     with pytest.raises(ValueError, match="a system message is required"):
         strict_llm.chat(ASK, SamplingParams(max_tokens=8))
-    ok = strict_llm.chat([{"role": "system", "content": "Be brief."}, *ASK], SamplingParams(max_tokens=8))
-    assert ok.finish_reason in ("stop", "length") and ok.output.token_ids
+    [ok] = strict_llm.chat([{"role": "system", "content": "Be brief."}, *ASK], SamplingParams(max_tokens=8))
+    assert ok.outputs[0].finish_reason in ("stop", "length") and ok.outputs[0].token_ids
     assert strict_llm.engine.stats()["num_running"] == 0
 
 
@@ -89,7 +89,7 @@ def test_a_constraint_in_the_sampling_params_is_honoured(llm):
     the structured_outputs option; both given and different is an error."""
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
               "additionalProperties": False}
-    reply = llm.chat(ASK, SamplingParams(max_tokens=32, structured_outputs={"json": schema}))
+    reply = llm.chat(ASK, SamplingParams(max_tokens=32, structured_outputs={"json": schema}))[0].outputs[0]
     assert set(json.loads(reply.content)) == {"answer"}, reply.content
     with pytest.raises(ValueError, match="structured_outputs"):
         llm.chat(ASK, SamplingParams(max_tokens=8, structured_outputs={"json": schema}),

@@ -29,7 +29,7 @@ from guided.chat.parser import ChatParser
 from guided.chat.prompt import ControlEscaper, tokenize_rendered
 from guided.chat.request import ChatOptions, _call_lead, prepare_chat
 from guided.chat.tool_formats import PROBE_TOOLS, probe_calls
-from guided.outputs import RequestOutput
+from guided.outputs import CompletionOutput, RequestOutput
 from guided.sampling_params import SamplingParams
 from helpers.templates import assert_no_injection, template_model, template_names
 
@@ -138,8 +138,9 @@ def _parse(plan, ids: list[int], stream: bool):
     for t in ids if stream else [ids]:
         deltas += parser.push([t] if stream else t)
     deltas += parser.finish()
-    out = RequestOutput(request_id=0, prompt=None, prompt_token_ids=[], text="", token_ids=ids,
-                        finish_reason="stop")
+    sample = CompletionOutput(index=0, text="", token_ids=ids, cumulative_logprob=None, logprobs=None,
+                              finish_reason="stop")
+    out = RequestOutput(request_id=0, prompt=None, prompt_token_ids=[], outputs=[sample])
     return parser.result(out), deltas
 
 

@@ -103,7 +103,7 @@ def sweep(family, family_llm) -> dict[str, list]:
     groups = requests(family, family_llm)
     flat = [(name, p, o) for name, reqs in groups.items() for p, o in reqs]
     flat.sort(key=lambda r: -r[1].max_tokens)   # the longest first: the others run beside them
-    replies = family_llm.run_chat([family_llm.prepare_chat(ASK, p, o) for _, p, o in flat])
+    replies = [o.outputs[0] for o in family_llm.run_chat([family_llm.prepare_chat(ASK, p, o) for _, p, o in flat])]
     out: dict[str, list] = {name: [] for name in groups}
     for (name, p, o), reply in zip(flat, replies):
         out[name].append((p, o, reply))
@@ -139,14 +139,14 @@ def test_required_gives_valid_calls_at_temperature_one(sweep):
     for r in replies(sweep, "required"):
         # an untrained model may keep adding parallel calls until max_tokens:
         # the calls completed by then are returned, a cut one is not
-        assert r.finish_reason in ("tool_calls", "length"), (r.finish_reason, r.output.text)
+        assert r.finish_reason in ("tool_calls", "length"), (r.finish_reason, r.text)
         assert r.tool_calls
         assert_valid_calls(r.tool_calls)
 
 
 def test_named_choice_gives_that_tool_once(sweep):
     for r in replies(sweep, "named"):
-        assert len(r.tool_calls) == 1, r.output.text
+        assert len(r.tool_calls) == 1, r.text
         assert_valid_calls(r.tool_calls, {"search_flights"})
 
 
@@ -156,9 +156,9 @@ def test_auto_gives_valid_calls_or_text(sweep, family_llm):
         if r.tool_calls:
             assert_valid_calls(r.tool_calls)
             # "length": the budget ran out and the closing wrote the calls whole
-            assert r.finish_reason == "tool_calls" or r.output.finish_reason == "length"
+            assert r.finish_reason == "tool_calls" or r.finish_reason == "length"
         else:
-            assert r.content, r.output.text
+            assert r.content, r.text
         for ctl in special.control_ids:
             assert special.text(ctl) not in (r.content or "")
 
@@ -171,7 +171,7 @@ def test_parallel_false_gives_at_most_one_call(sweep):
 def test_json_schema_answer_after_reasoning(family, sweep):
     reasoning_only(family)
     for r in replies(sweep, "json_after_reasoning"):
-        assert r.reasoning_content, r.output.text
+        assert r.reasoning_content, r.text
         jsonschema.validate(json.loads(r.content), WEATHER_SCHEMA)
         assert r.finish_reason == "stop"
 
@@ -184,16 +184,16 @@ def test_reasoning_none_and_budget(family, sweep, family_llm):
     state = family_llm.prepare_chat(ASK, options=ChatOptions(reasoning_effort="none")).encoded.reasoning_state
     empty = family_llm.chat_format.reasoning.empty if state is None else None
     for r in replies(sweep, "reasoning_none"):
-        ids = r.output.token_ids
+        ids = r.token_ids
         assert r.reasoning_content is None
         if empty is None:
             assert start not in ids
         else:   # the template's empty block, nothing in it
             assert ids.count(start) == 1 and ids[ids.index(start) + 1:ids.index(end)] == \
-                family_llm.engine.tokenizer.encode_text(empty[0]), r.output.text
+                family_llm.engine.tokenizer.encode_text(empty[0]), r.text
     budget, = replies(sweep, "reasoning_budget")
-    ids = budget.output.token_ids
-    assert end in ids, budget.output.text
+    ids = budget.token_ids
+    assert end in ids, budget.text
     assert ids.index(end) <= 128 + 4   # the minimal budget plus the block's markup
 
 
@@ -204,7 +204,7 @@ def test_calls_near_the_budget_are_whole_and_valid(sweep, family_llm):
     calls, and the answer streamed token by token is the whole answer."""
     for name in CHOICES:
         for params, options, r in sweep[f"budget_{name}"]:
-            where = (name, params.max_tokens, params.seed, r.output.text)
+            where = (name, params.max_tokens, params.seed, r.text)
             assert r.finish_reason in ("tool_calls", "length", "stop"), where
             if name == "auto" and not r.tool_calls:
                 assert r.content, where
@@ -219,7 +219,7 @@ def test_reasoning_leaves_room_for_the_answer(family, sweep):
     effort, the required call or the json_schema answer is there and valid."""
     reasoning_only(family)
     for params, options, r in sweep["reasoning_answer"]:
-        where = (options.reasoning_effort, params.max_tokens, r.output.text)
+        where = (options.reasoning_effort, params.max_tokens, r.text)
         if options.tools:
             assert r.tool_calls, where
             assert_valid_calls(r.tool_calls)
@@ -230,7 +230,7 @@ def test_reasoning_leaves_room_for_the_answer(family, sweep):
 def assert_streams_as_whole(llm, params, options, whole):
     """The reply's tokens parsed one at a time give the same message."""
     parser = llm.prepare_chat(ASK, params, options).parser()
-    deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
+    deltas = [d for t in whole.token_ids for d in parser.push([t])] + parser.finish()
     content, reasoning, calls = reassemble(deltas)
     assert (content, reasoning) == (whole.content, whole.reasoning_content)
     assert calls == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
@@ -257,7 +257,7 @@ def test_streaming_agrees_with_whole(sweep, family_llm):
     texts = [llm.engine.special.text(t) for t in llm.engine.special.control_ids]
     for params, options, whole in sweep["streamed"]:
         parser = llm.prepare_chat(ASK, params, options).parser()
-        deltas = [d for t in whole.output.token_ids for d in parser.push([t])] + parser.finish()
+        deltas = [d for t in whole.token_ids for d in parser.push([t])] + parser.finish()
         calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                  for c in whole.tool_calls]
         content, reasoning, streamed_calls = reassemble(deltas)
@@ -270,7 +270,7 @@ def test_streaming_agrees_with_whole(sweep, family_llm):
         shown = (whole.content or "") + (whole.reasoning_content or "") + \
             "".join(c["arguments"] for c in calls)
         control = llm.engine.special.control_ids
-        plain = llm.tokenizer.decode([t for t in whole.output.token_ids if t not in control],
+        plain = llm.tokenizer.decode([t for t in whole.token_ids if t not in control],
                                      skip_special_tokens=False)
         assert all(shown.count(t) <= plain.count(t) for t in texts), (shown, plain)
     streamed = list(llm.chat_stream(ASK, SamplingParams(max_tokens=48), tools=TOOLS,

@@ -193,13 +193,13 @@ def test_chat_response_format_closes_unless_cut(llm):
     rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
     msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
     r = llm.chat(msgs, response_format=rf,
-                 sampling_params=SamplingParams(max_tokens=20))
+                 sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
     assert r.finish_reason == "length"
     value = json.loads(r.content)
     _validator(schema).validate(value)
     assert {"name", "bio"} <= set(value)
     r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
-                 sampling_params=SamplingParams(max_tokens=20))
+                 sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
     assert r.finish_reason == "length" and not _parses(r.content)
 
 

@@ -130,6 +130,6 @@ def test_bad_input_raises_and_engine_keeps_working(llm):
 
 def test_chat_renders_template_and_stops(llm):
     reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                     SamplingParams(max_tokens=64))
+                     SamplingParams(max_tokens=64))[0].outputs[0]
     assert reply.finish_reason == "stop"
     assert "Paris" in reply.content

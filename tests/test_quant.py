@@ -102,5 +102,5 @@ def test_gguf_dtype_keeps_the_models_formats(default_gguf):
     assert len(layers) == 4 * quantized.loaded.config.num_layers + 1
     assert sum(m.matrix.nbytes for m in layers) < 100e6   # ~92 MB, where fp32 takes 540 MB
     ask = [{"role": "user", "content": "What is the capital of France?"}]
-    reply = quantized.chat(ask, SamplingParams(temperature=0, max_tokens=24))
+    reply = quantized.chat(ask, SamplingParams(temperature=0, max_tokens=24))[0].outputs[0]
     assert reply.content == "The capital of France is Paris."

@@ -67,6 +67,23 @@ def test_chat_and_stream_agree(client, model):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_continue_final_message_as_vllm(client, model):
+    """vLLM's extra fields: the answer continues the final assistant message,
+    as the completions endpoint continues the same rendered text."""
+    start = [*ASK, {"role": "assistant", "content": "The capital of France is"}]
+    out = client.chat.completions.create(
+        model=model, messages=start, temperature=0, max_tokens=8,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                "<|im_start|>assistant\nThe capital of France is")
+    plain = client.completions.create(model=model, prompt=rendered, temperature=0, max_tokens=8)
+    assert out.choices[0].message.content == plain.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="cannot both be true"):
+        client.chat.completions.create(model=model, messages=start, max_tokens=8,
+                                       extra_body={"continue_final_message": True})
+
+
 def test_n_choices_share_the_prompt_blocks(client, model):
     long_ask = [{"role": "system", "content": "You are a helpful assistant. " * 12}, *ASK]
     out = client.chat.completions.create(model=model, messages=long_ask, temperature=1.0, seed=7,

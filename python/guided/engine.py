@@ -15,7 +15,7 @@ from typing import Protocol
 
 from . import _native
 from .model import LoadedModel, ModelRunner
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, plain_encoder,
                         token_bytes)
@@ -64,6 +64,7 @@ class _Request:
     emitted: int = 0  # characters of detok.text already handed out as deltas
     forced_start: list[int] = field(default_factory=list)  # forced before the first step
     num_forced: int = 0
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
 
 @dataclass
@@ -234,6 +235,8 @@ class Engine:
             # The token that stopped generation is control, never text (rule 1).
             if not (reason == "stop" and new[-1] in self._stoppers(req)):
                 req.detok.push(new[-1])
+            elif new[-1] in req.params.stop_token_ids:
+                req.stop_reason = new[-1]
             if reason is None and self._cut_at_stop_string(req):
                 self.scheduler.abort(req.id)
                 reason = "stop"
@@ -281,9 +284,10 @@ class Engine:
             return False
         text = req.detok.text
         start = max(0, req.emitted - max(map(len, stops)))
-        hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+        hits = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
         if hits:
-            req.detok.text = text[:min(hits)]
+            at, req.stop_reason = min(hits)
+            req.detok.text = text[:at]
         return bool(hits)
 
     def _update(self, req: _Request, token: int, reason: str | None,
@@ -303,12 +307,33 @@ class Engine:
         self.requests.pop(req.id, None)
         key = "requests_failed" if reason == "error" else "requests_finished"
         self.counters[key] += 1
+        logprobs = self._vllm_logprobs(req) if req.top_logprobs is not None else None
+        sample = CompletionOutput(
+            index=0, text=req.detok.text, token_ids=req.output_ids,
+            cumulative_logprob=sum(req.logprobs) if logprobs is not None else None,
+            logprobs=logprobs, finish_reason=reason,
+            stop_reason=req.stop_reason if reason == "stop" else None, error=error,
+            num_forced_tokens=req.num_forced)
         return RequestOutput(request_id=req.id, prompt=req.prompt,
-                             prompt_token_ids=req.prompt_ids, text=req.detok.text,
-                             token_ids=req.output_ids, finish_reason=reason,
-                             num_cached_tokens=num_cached, error=error,
-                             logprobs=req.logprobs, top_logprobs=req.top_logprobs,
-                             num_forced_tokens=req.num_forced)
+                             prompt_token_ids=req.prompt_ids, outputs=[sample],
+                             num_cached_tokens=num_cached)
+
+    def _vllm_logprobs(self, req: _Request) -> list[dict[int, Logprob]]:
+        """Per token, {token_id: Logprob} of the alternatives asked for and
+        the sampled token (vLLM's shape)."""
+        decoded: dict[int, str] = {}
+
+        def text(t: int) -> str:
+            if t not in decoded:
+                decoded[t] = self.tokenizer.decode([t], skip_special_tokens=False)
+            return decoded[t]
+
+        out = []
+        for token, lp, tops in zip(req.output_ids, req.logprobs, req.top_logprobs or []):
+            step = {a: Logprob(alp, rank, text(a)) for rank, (a, alp) in enumerate(tops, 1)}
+            step.setdefault(token, Logprob(lp, None, text(token)))
+            out.append(step)
+        return out
 
     def _fail(self, rids: list[int], message: str) -> list[StepUpdate]:
         out = []

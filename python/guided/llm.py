@@ -3,17 +3,21 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator, Sequence
+import warnings
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Sequence
+
+from tqdm import tqdm
 
 from ._native import Grammar
 from .chat.chat_format import ChatFormat
-from .chat.parser import ChatDelta, ChatResponse
+from .chat.parser import ChatDelta
 from .chat.request import ChatOptions, ChatPlan, prepare_chat
 from .chat.template import TemplateError
-from .engine import Engine, EngineConfig
+from .engine import Engine, EngineConfig, StepUpdate
 from .grammar import ComposedGrammar, compose
 from .model import load_model
-from .outputs import RequestOutput
+from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .special_tokens import SpecialTokens
 from .tokenizer import TokenizerWrapper
@@ -21,6 +25,7 @@ from .tokenizer import TokenizerWrapper
 log = logging.getLogger("guided")
 
 Prompt = str | list[int]
+_KEPT_FORMATS = 8   # chat formats of per-call templates kept built
 
 
 class LLM:
@@ -40,14 +45,12 @@ class LLM:
         given = _template_text(chat_template) if chat_template else None   # checked before the load
         self.loaded = load_model(model, device=device, dtype=dtype)
         template = given or self.loaded.chat_template
-        special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
-                                         self.loaded.bos_token)
-        self.chat_format: ChatFormat | None = None
-        if template:
-            tokenizer = TokenizerWrapper(self.loaded.tokenizer, special, self.loaded.add_bos_token)
-            self.chat_format = ChatFormat(template, special, tokenizer, self.loaded.bos_token,
-                                          self.loaded.eos_token)
-            special = self.chat_format.special   # with the template's end-of-turn token
+        self._special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
+                                               self.loaded.bos_token)
+        self._formats: dict[str, ChatFormat] = {}
+        self._own_template = template
+        self.chat_format: ChatFormat | None = self._format(template) if template else None
+        special = self.chat_format.special if self.chat_format else self._special   # with the template's end-of-turn token
         self.engine = Engine(self.loaded, EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
@@ -56,8 +59,8 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
-        """Generate a completion for each prompt (text or token ids), in order.
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate ``n`` completions for each prompt (text or token ids), in order.
 
         All prompts are checked before any is queued: a bad one raises
         ValueError naming its index and leaves the engine as it was.
@@ -67,21 +70,34 @@ class LLM:
         params = _per_prompt(sampling_params, len(prompts))
         encoded = [self._encode(i, p) for i, p in enumerate(prompts)]
         grammars = _grammars(params)
-        rids = []
+        groups: list[list[int]] = []
         try:
             for i, (ids, p, prompt) in enumerate(zip(encoded, params, prompts)):
                 grammar, error = grammars[i]
-                try:
-                    rids.append(self.engine.add_request(
-                        ids, p, grammar, prompt=prompt if isinstance(prompt, str) else None,
-                        error=error))
-                except ValueError as exc:
-                    raise ValueError(f"prompt {i}: {exc}") from None
-            return self._run(rids)
+                groups.append([])
+                for j in range(p.n):
+                    try:
+                        groups[-1].append(self.engine.add_request(
+                            ids, p.sample(j), grammar,
+                            prompt=prompt if isinstance(prompt, str) else None, error=error))
+                    except ValueError as exc:
+                        raise ValueError(f"prompt {i}: {exc}") from None
         except BaseException:
-            for rid in rids:  # leave nothing of this call behind in the engine
-                self.engine.abort(rid)
+            self._abort(groups)
             raise
+        done = self._drive(groups, use_tqdm)
+        return [_gathered([done[r] for r in group]) for group in groups]
+
+    def _format(self, template: str) -> ChatFormat:
+        """A template's chat format (its contract probed, its tool format
+        detected), built once per template text; the last few are kept."""
+        if template not in self._formats:
+            if len(self._formats) >= _KEPT_FORMATS:
+                del self._formats[next(k for k in self._formats if k != self._own_template)]
+            tokenizer = TokenizerWrapper(self.loaded.tokenizer, self._special, self.loaded.add_bos_token)
+            self._formats[template] = ChatFormat(template, self._special, tokenizer,
+                                                 self.loaded.bos_token, self.loaded.eos_token)
+        return self._formats[template]
 
     def compile_grammar(self, structured_outputs: dict) -> Grammar:
         """``structured_outputs`` compiled for this model's vocabulary (to
@@ -97,76 +113,131 @@ class LLM:
             raise ValueError(f"prompt {index} has no tokens")
         return [int(t) for t in prompt]
 
-    def _run(self, rids: list[int]) -> list[RequestOutput]:
+    def _drive(self, groups: list[list[int]], use_tqdm: bool,
+               on_update: Callable[[StepUpdate], None] | None = None) -> dict[int, RequestOutput]:
+        """Step the engine until every request in ``groups`` has finished;
+        on any exception (KeyboardInterrupt too) none of them is left in it."""
+        wanted = {r for group in groups for r in group}
         done: dict[int, RequestOutput] = {}
-        wanted = set(rids)
-        while not wanted <= done.keys():
-            for update in self.engine.step():
-                if update.finished is not None:
-                    done[update.request_id] = update.finished
-        return [done[r] for r in rids]
+        bar = tqdm(total=len(groups), desc="Processed prompts", unit="prompt", disable=not use_tqdm)
+        try:
+            while not wanted <= done.keys():
+                for update in self.engine.step():
+                    if on_update is not None:
+                        on_update(update)
+                    if update.finished is not None:
+                        done[update.request_id] = update.finished
+                bar.n = sum(all(r in done for r in group) for group in groups)
+                bar.refresh()
+        except BaseException:
+            self._abort(groups)
+            raise
+        finally:
+            bar.close()
+        return done
+
+    def _abort(self, groups: list[list[int]]) -> None:
+        for group in groups:  # leave nothing of this call behind in the engine
+            for rid in group:
+                self.engine.abort(rid)
 
     def prepare_chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
-                     options: ChatOptions | None = None, compile=None) -> ChatPlan:
+                     options: ChatOptions | None = None, compile=None,
+                     chat_template: str | None = None) -> ChatPlan:
         """Check and plan a chat request without running it (the server uses
         this): prompt ids, the grammar of the whole answer, a parser factory.
         ``compile`` stands in for the engine's grammar compiler (e.g. to time
-        it). Raises ValueError naming the first bad field."""
-        if self.chat_format is None:
+        it); ``chat_template`` (text or a file) replaces the model's for this
+        request. Raises ValueError naming the first bad field."""
+        chat = self._format(_template_text(chat_template)) if chat_template else self.chat_format
+        if chat is None:
             raise TemplateError("the model has no chat template; pass chat_template= or use generate()")
-        return prepare_chat(self.chat_format, compile or self.engine.grammar_compiler.compile,
+        plan = prepare_chat(chat, compile or self.engine.grammar_compiler.compile,
                             messages, options or ChatOptions(), sampling_params)
+        extra = chat.special.end_ids - self.engine.special.end_ids
+        if extra and not plan.params.ignore_eos:   # another template's end of turn ends the answer too
+            plan.params = replace(plan.params, stop_token_ids=[*plan.params.stop_token_ids, *sorted(extra)])
+        return plan
 
-    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None,
-             **options) -> ChatResponse:
-        """Answer a conversation with the model's own chat template.
+    def chat(self, messages: list[dict] | Sequence[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
+             **options) -> list[RequestOutput]:
+        """Answer one conversation or a list of them with the chat template
+        (vLLM's call): one RequestOutput per conversation, ``n`` samples in
+        its outputs, each with the text and the message parsed in the
+        model's own format (content, reasoning_content, tool_calls).
 
-        ``options`` are the fields of :class:`guided.chat.ChatOptions`:
-        tools, tool_choice ("auto", "none", "required" or {"type":
-        "function", "function": {"name": ...}}), parallel_tool_calls,
-        response_format, structured_outputs, reasoning_effort ("none",
-        "minimal", "low", "medium", "high"), chat_template_kwargs,
-        documents, tool_grammar (enforce the tool-call grammar for
-        tool_choice="auto"; default True).
+        ``options`` are the other fields of :class:`guided.chat.ChatOptions`:
+        tool_choice ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}), parallel_tool_calls, response_format,
+        structured_outputs, reasoning_effort ("none", "minimal", "low",
+        "medium", "high"), documents, tool_grammar (enforce the tool-call
+        grammar for tool_choice="auto"; default True).
         """
-        return self.chat_batch([messages], sampling_params, **options)[0]
+        single = not (messages and isinstance(messages[0], list))
+        conversations = [messages] if single else list(messages)
+        params = _per_prompt(sampling_params, len(conversations)) if sampling_params is not None \
+            else [None] * len(conversations)
+        opts = ChatOptions(tools=tools, chat_template_kwargs=chat_template_kwargs,
+                           add_generation_prompt=add_generation_prompt,
+                           continue_final_message=continue_final_message, **options)
+        plans = [self.prepare_chat(c, p, opts, chat_template=chat_template)
+                 for c, p in zip(conversations, params)]
+        outs = self.run_chat(plans, use_tqdm)
+        return _ChatOutputs(outs) if single else outs
 
     def chat_batch(self, conversations: list[list[dict]],
                    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                   **options) -> list[ChatResponse]:
-        """Answer several conversations at once (one engine batch)."""
-        params = _per_prompt(sampling_params, len(conversations)) if sampling_params is not None \
-            else [None] * len(conversations)
-        opts = ChatOptions(**options)
-        return self.run_chat([self.prepare_chat(c, p, opts) for c, p in zip(conversations, params)])
+                   **options) -> list[CompletionOutput]:
+        """Deprecated: ``[o.outputs[0] for o in llm.chat(conversations, ...)]``."""
+        warnings.warn("LLM.chat_batch is deprecated: chat() takes a list of conversations",
+                      DeprecationWarning, stacklevel=2)
+        return [o.outputs[0] for o in self.chat(conversations, sampling_params, use_tqdm=False,
+                                                **options)]
 
-    def run_chat(self, plans: Sequence[ChatPlan]) -> list[ChatResponse]:
+    def run_chat(self, plans: Sequence[ChatPlan], use_tqdm: bool = False) -> list[RequestOutput]:
         """Run chat requests planned by prepare_chat (each with its own
         messages, sampling and options) in one engine batch."""
-        rids, parsers = [], {}
+        groups: list[list[int]] = []
+        parsers = {}
         try:
             for plan in plans:
-                rid = self.engine.add_request(plan.prompt_ids, plan.params, plan.grammar)
-                rids.append(rid)
-                parsers[rid] = plan.parser()
-            finished: dict[int, RequestOutput] = {}
-            while not set(rids) <= finished.keys():
-                for update in self.engine.step():
-                    if update.request_id in parsers:
-                        parsers[update.request_id].push(update.token_ids)
-                    if update.finished is not None:
-                        finished[update.request_id] = update.finished
+                groups.append([])
+                for j in range(plan.params.n):
+                    rid = self.engine.add_request(plan.prompt_ids, plan.params.sample(j), plan.grammar)
+                    groups[-1].append(rid)
+                    parsers[rid] = plan.parser()
         except BaseException:
-            for rid in rids:
-                self.engine.abort(rid)
+            self._abort(groups)
             raise
-        return [parsers[r].result(finished[r]) for r in rids]
+
+        def parse(update: StepUpdate) -> None:
+            if update.request_id in parsers:
+                parsers[update.request_id].push(update.token_ids)
+
+        done = self._drive(groups, use_tqdm, parse)
+        outs = []
+        for plan, group in zip(plans, groups):
+            out = _gathered([done[r] for r in group])
+            out.prompt = plan.encoded.text
+            for sample, rid in zip(out.outputs, group):
+                reply = parsers[rid].result(done[rid])
+                sample.finish_reason = reply.finish_reason
+                sample.content, sample.reasoning_content = reply.content, reply.reasoning_content
+                sample.tool_calls = reply.tool_calls
+            outs.append(out)
+        return outs
 
     def chat_stream(self, messages: list[dict], sampling_params: SamplingParams | None = None,
                     **options) -> Iterator[ChatDelta]:
         """Like chat(), yielding deltas as they are decoded: content,
         reasoning_content, and tool calls (id and name first, then arguments
         in pieces). The last delta carries finish_reason (and error, if any)."""
+        if sampling_params is not None and sampling_params.n != 1:
+            raise ValueError(f"chat_stream streams one answer: n must be 1, got {sampling_params.n}")
         plan = self.prepare_chat(messages, sampling_params, ChatOptions(**options))
         parser = plan.parser()
         rid = self.engine.add_request(plan.prompt_ids, plan.params, plan.grammar)
@@ -202,6 +273,30 @@ def _template_text(value: str) -> str:
     if "{" not in value:
         raise ValueError(f"chat_template is neither a Jinja template nor a file: {value!r}")
     return value
+
+
+class _ChatOutputs(list):
+    """chat()'s result for one conversation: a list of one RequestOutput.
+    Reading a reply field from the list itself (``llm.chat(msgs).content``,
+    the ChatResponse that chat() returned before 0.2) still works for now,
+    with a DeprecationWarning: write ``llm.chat(msgs)[0].outputs[0].content``."""
+
+    _REPLY = ("content", "reasoning_content", "tool_calls", "finish_reason", "message")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._REPLY or name == "output":
+            warnings.warn(f"llm.chat(...).{name} is deprecated: chat() returns a list of "
+                          f"RequestOutput; read llm.chat(...)[0].outputs[0].{name}",
+                          DeprecationWarning, stacklevel=2)
+            return self[0] if name == "output" else getattr(self[0].outputs[0], name)
+        raise AttributeError(name)
+
+
+def _gathered(finished: list[RequestOutput]) -> RequestOutput:
+    """A prompt's n samples (one engine request each) as one RequestOutput."""
+    first = finished[0]
+    samples = [replace(f.outputs[0], index=i) for i, f in enumerate(finished)]
+    return replace(first, outputs=samples)
 
 
 def _grammars(params: list[SamplingParams]) -> list[tuple[ComposedGrammar | None, str | None]]:

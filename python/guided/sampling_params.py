@@ -2,8 +2,42 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's constraint object, accepted wherever a ``structured_outputs``
+    dict is (see :mod:`guided.grammar` for each field). Exactly one of json,
+    regex, choice, grammar, json_object (any JSON object) or structural_tag.
+    vLLM's disable_any_whitespace is ``whitespace="compact"`` and its
+    whitespace_pattern a regex for ``whitespace``."""
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: Any = None
+    whitespace: str | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+    on_length: str | None = None
+    allow_special_tokens: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``structured_outputs`` dict this stands for."""
+        given = {k: v for k, v in asdict(self).items()
+                 if v is not None and (k == "json" or v is not False)}
+        for vllm_name, value in (("disable_any_whitespace", "compact"),
+                                 ("whitespace_pattern", self.whitespace_pattern)):
+            if vllm_name in given:
+                if "whitespace" in given:
+                    raise ValueError(f"structured_outputs: give whitespace or {vllm_name}, not both")
+                given.pop(vllm_name)
+                given["whitespace"] = value
+        return given
 
 
 @dataclass
@@ -18,7 +52,8 @@ class SamplingParams:
 
     structured_outputs constrains the output to a grammar (see
     guided.grammar): {"json": schema} (optionally with "whitespace"),
-    {"regex": ...}, {"choice": [...]} or {"grammar": lark_text}. Under a
+    {"regex": ...}, {"choice": [...]}, {"grammar": lark_text} or
+    {"json_object": True}, or the same as a StructuredOutputsParams. Under a
     grammar the grammar decides where the output ends (min_tokens does not
     hold end tokens back) and the text it forces is appended without
     sampling unless fast_forward is False (same tokens, one step each).
@@ -29,9 +64,12 @@ class SamplingParams:
     distribution after penalties, logit_bias and the grammar mask, before
     temperature and top-k/top-p/min-p: greedy output is always the first
     alternative. Tokens a grammar forced have log-probability 0.
+    n samples are drawn for each prompt, sharing its KV blocks; with a
+    seed, sample i draws from seed + i, so they differ yet repeat.
     """
 
     max_tokens: int = 64
+    n: int = 1
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -45,7 +83,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | StructuredOutputsParams | None = None
     fast_forward: bool = True
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
@@ -55,6 +93,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if isinstance(self.structured_outputs, StructuredOutputsParams):
+            self.structured_outputs = self.structured_outputs.to_dict()
         if self.logit_bias:
             try:
                 self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
@@ -65,6 +105,7 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ValueError naming the first field that is out of range."""
         checks = [
+            (isinstance(self.n, int) and self.n >= 1, f"n must be an int >= 1, got {self.n!r}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
@@ -96,3 +137,9 @@ class SamplingParams:
         if self.structured_outputs is not None:
             from .grammar import check_structured_outputs
             check_structured_outputs(self.structured_outputs)
+
+    def sample(self, index: int) -> SamplingParams:
+        """The params of sample ``index`` of ``n`` (one engine request each)."""
+        if self.n == 1 and index == 0:
+            return self
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)

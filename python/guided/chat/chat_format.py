@@ -81,13 +81,24 @@ class ChatFormat:
                            **self._tokens, **extra, **kwargs)
 
     def encode(self, messages: list[dict], *, tools=None, documents=None,
-               kwargs: dict | None = None) -> EncodedChat:
-        """Prompt ids for a client's conversation (already normalised)."""
+               kwargs: dict | None = None, prompt: str = "generate") -> EncodedChat:
+        """Prompt ids for a client's conversation (already normalised).
+
+        ``prompt``: "generate" ends with the template's generation prompt (a
+        new assistant turn); "continue" ends where the final assistant
+        message's content ends, so the model continues it (vLLM's
+        continue_final_message); "none" ends after the last message (vLLM's
+        add_generation_prompt=False). Only "generate" can open a reasoning
+        block: the others count as past it."""
         kwargs = kwargs or {}
         escaper = ControlEscaper(self.special, strings_in([messages, tools, documents, kwargs]))
         msgs, tls, docs, kw = (escaper.escape(x) for x in (messages, tools, documents, kwargs))
-        with_prompt = self.render(msgs, tools=tls, documents=docs, **kw)
         without = self.render(msgs, tools=tls, documents=docs, add_generation_prompt=False, **kw)
+        if prompt != "generate":
+            text = self._continued(without, msgs) if prompt == "continue" else without
+            ids = tokenize_rendered(text, self.special, self.tokenizer, escaper, self.memo)
+            return EncodedChat(ids, escaper.unescape(text), "", "closed" if self.reasoning else None)
+        with_prompt = self.render(msgs, tools=tls, documents=docs, **kw)
         eos = self._tokens["eos_token"]
         if eos and without.endswith(eos) and not with_prompt.startswith(without):
             without = without[:-len(eos)]   # closed with eos_token when no answer follows (Phi-4-mini)
@@ -98,6 +109,19 @@ class ChatFormat:
         ids = tokenize_rendered(with_prompt, self.special, self.tokenizer, escaper, self.memo)
         return EncodedChat(ids, escaper.unescape(with_prompt), escaper.unescape(generation_prompt),
                            self._reasoning_state(generation_prompt))
+
+    @staticmethod
+    def _continued(rendered: str, messages: list[dict]) -> str:
+        """The rendering cut where the final assistant message's content ends."""
+        last = messages[-1] if messages else {}
+        content = last.get("content")
+        if last.get("role") != "assistant" or not isinstance(content, str) or not content.strip():
+            raise ValueError("continue_final_message needs a final assistant message with text content")
+        at = rendered.rfind(content.strip())
+        if at < 0:
+            raise TemplateError("the chat template does not show the final assistant message's "
+                                "content; cannot continue it")
+        return rendered[:at + len(content.strip())]
 
     def remember(self, completion_ids: list[int]) -> None:
         """Record an answer's tokens, for when it comes back in a later prompt."""

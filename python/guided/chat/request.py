@@ -37,7 +37,11 @@ class ChatOptions:
     "function": {"name": ...}}; reasoning_effort: "none", "minimal", "low",
     "medium", "high" or None (the model's default); response_format or
     structured_outputs (one of them) constrain the answer; tool_grammar:
-    enforce the tool-call grammar for tool_choice "auto" too."""
+    enforce the tool-call grammar for tool_choice "auto" too;
+    add_generation_prompt and continue_final_message as in vLLM and
+    transformers (the prompt ends with a new assistant turn, after the last
+    message, or inside the final assistant message, which the model
+    continues)."""
 
     tools: list[dict] | None = None
     tool_choice: Any = "auto"
@@ -48,6 +52,8 @@ class ChatOptions:
     chat_template_kwargs: dict | None = None
     documents: list | None = None
     tool_grammar: bool = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @dataclass
@@ -85,7 +91,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     if parsed_tools and not fmt.native and "tools" not in chat.template:
         msgs = _with_envelope_system(msgs, parsed_tools)
         template_tools = None
-    encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs)
+    encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs,
+                          prompt=_prompt_mode(o))
 
     reasoning = _reasoning_plan(chat, encoded, effort)
     # the template's whitespace before calls, where no reasoning block (whose
@@ -120,6 +127,19 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
 
 
 # -- checks ------------------------------------------------------------
+
+
+def _prompt_mode(options: ChatOptions) -> str:
+    """How the prompt ends (ChatFormat.encode's ``prompt``)."""
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if not isinstance(getattr(options, name), bool):
+            raise ValueError(f"{name} must be a boolean")
+    if options.continue_final_message:
+        if options.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: "
+                             "set add_generation_prompt=False to continue the final message")
+        return "continue"
+    return "generate" if options.add_generation_prompt else "none"
 
 
 def _with_params_constraint(options: ChatOptions, params: SamplingParams | None) -> ChatOptions:

@@ -7,11 +7,14 @@ llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
   :func:`guided.grammar.json_schema.json_schema_grammar`; ``"whitespace"``
   beside it overrides the bounded default ("compact", "flexible", "bounded"
   or a regex for one whitespace run).
+- ``"json_object"``: ``True``: any JSON object (OpenAI's and vLLM's
+  json_object mode).
 - ``"regex"``: a regular expression (Rust regex syntax) the whole output
   matches.
 - ``"choice"``: a non-empty list of strings; the output is exactly one.
 - ``"grammar"``: an llguidance Lark grammar (``%json``, lexeme attributes
-  such as ``[max_tokens=...]``). Special tokens (``<[123]>`` or by name)
+  such as ``[max_tokens=...]``), or a GBNF one (llama.cpp's ``root ::=``,
+  as in vLLM's examples), converted by llguidance's own converter. Special tokens (``<[123]>`` or by name)
   only with ``"allow_special_tokens": True`` beside it (DESIGN rule 7: a
   client grammar must not make the model write control tokens unless the
   operator allows it).
@@ -33,7 +36,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-CONSTRAINT_KEYS = ("json", "regex", "choice", "grammar", "structural_tag")
+CONSTRAINT_KEYS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+#: the constraints that write JSON (closed at the budget by default)
+JSON_KEYS = ("json", "json_object")
 OPTION_KEYS = ("whitespace", "allow_special_tokens", "on_length")
 ON_LENGTH = ("close", "cut")
 
@@ -51,8 +56,10 @@ def check_structured_outputs(so: Any) -> None:
     if len(given) != 1:
         raise ValueError(f"structured_outputs needs exactly one of {', '.join(CONSTRAINT_KEYS)}, "
                          f"got {given or 'none'}")
-    if "whitespace" in so and given != ["json"]:
-        raise ValueError("structured_outputs: 'whitespace' applies only to 'json'")
+    if "whitespace" in so and given[0] not in JSON_KEYS:
+        raise ValueError("structured_outputs: 'whitespace' applies only to 'json' and 'json_object'")
+    if "json_object" in so and so["json_object"] is not True:
+        raise ValueError("structured_outputs['json_object'] must be true")
     if not isinstance(so.get("allow_special_tokens", False), bool):
         raise ValueError("structured_outputs: 'allow_special_tokens' must be a boolean")
     check_on_length(so.get("on_length"), "structured_outputs['on_length']")
@@ -82,7 +89,7 @@ def closes_on_length(options: dict, is_json: bool | None = None) -> bool:
     by default only for JSON (``is_json``; for structured_outputs, whether
     it has a "json" constraint)."""
     if is_json is None:
-        is_json = "json" in options
+        is_json = any(k in options for k in JSON_KEYS)
     return options.get("on_length", "close" if is_json else "cut") == "close"
 
 
@@ -101,6 +108,8 @@ def constraint_entry(so: dict) -> dict:
     value = so[kind]
     if kind == "json":
         entry = _json_entry(value, so.get("whitespace"))
+    elif kind == "json_object":
+        entry = _json_entry({"type": "object"}, so.get("whitespace"))
     elif kind == "regex":
         if not isinstance(value, str):
             raise ValueError("structured_outputs['regex'] must be a string")
@@ -113,6 +122,7 @@ def constraint_entry(so: dict) -> dict:
     else:
         if not isinstance(value, str) or not value.strip():
             raise ValueError("structured_outputs['grammar'] must be a non-empty Lark grammar string")
+        value = _as_lark(value)
         named = special_token_refs(value)
         if named and not so.get("allow_special_tokens", False):
             raise ValueError(f"structured_outputs['grammar'] names special tokens ({', '.join(named[:3])}); "
@@ -131,6 +141,16 @@ def _json_entry(schema: Any, whitespace: str | None) -> dict:
     if not isinstance(schema, (dict, bool)):
         raise ValueError("structured_outputs['json'] must be a JSON Schema (an object or a boolean)")
     return json_schema_grammar(schema, whitespace)
+
+
+def _as_lark(grammar: str) -> str:
+    """A Lark grammar as given; a GBNF one converted to Lark."""
+    from llguidance.gbnf_to_lark import any_to_lark
+    try:
+        return any_to_lark(grammar)
+    except Exception as exc:   # the converter raises its own error types
+        raise ValueError(f"structured_outputs['grammar'] is neither Lark (it has no 'start:' rule) "
+                         f"nor GBNF: {exc}") from None
 
 
 def _lark(text: str) -> dict:

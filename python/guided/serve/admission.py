@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..grammar import CONSTRAINT_KEYS, special_token_refs
+from ..grammar import CONSTRAINT_KEYS, JSON_KEYS, special_token_refs
 from .errors import APIError
 
 RETRY_AFTER_SECONDS = 1
@@ -64,7 +64,7 @@ class ConstraintPolicy:
             return None
         if not isinstance(so, dict):
             raise APIError(400, "structured_outputs must be an object", param="structured_outputs")
-        raw = [k for k in CONSTRAINT_KEYS if k in so and k != "json"]
+        raw = [k for k in CONSTRAINT_KEYS if k in so and k not in JSON_KEYS]
         if raw and not self.allow_constraint_api:
             raise APIError(400, f"structured_outputs.{raw[0]} needs a server started with "
                                 "--allow-constraint-api (JSON schemas are always allowed)",

@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 
 from ..chat.parser import ChatDelta
-from .logprobs import chat_entries
+from .logprobs import chat_entries, ranked
 from .protocol import ChatCompletionRequest
 from .runs import Job
 from .state import ServerState, respond, usage
@@ -42,7 +42,7 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
         for i, out in enumerate(outs):
             parsers[i].push(out.token_ids)
             reply = parsers[i].result(out)
-            lp = {"content": chat_entries(s.texts, out.token_ids, out.logprobs, out.top_logprobs),
+            lp = {"content": chat_entries(s.texts, out.token_ids, *ranked(out.outputs[0])),
                   "refusal": None} if wants_logprobs else None
             choices.append({"index": i, "message": reply.message(), "logprobs": lp,
                             "finish_reason": reply.finish_reason})

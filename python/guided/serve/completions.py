@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .logprobs import completion_logprobs
+from .logprobs import completion_logprobs, ranked
 from .protocol import CompletionRequest
 from .runs import Job
 from .state import ServerState, respond, usage
@@ -43,7 +43,7 @@ async def create_completion(s: ServerState, body: CompletionRequest,
         choices = []
         for i, out in enumerate(outs):
             prefix = echo[i // n]
-            lp = completion_logprobs(s.texts, out.token_ids, out.logprobs, out.top_logprobs,
+            lp = completion_logprobs(s.texts, out.token_ids, *ranked(out.outputs[0]),
                                      len(prefix)) if wants_logprobs else None
             choices.append({"index": i, "text": prefix + out.text, "logprobs": lp,
                             "finish_reason": out.finish_reason})

@@ -27,6 +27,17 @@ class TokenTexts:
         return self.bytes[token].decode("utf-8", errors="replace")
 
 
+def ranked(sample) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """A finished sample's logprobs (vLLM's shape: {token: Logprob} per
+    token) as each token's logprob and its alternatives, most likely first."""
+    logprobs, tops = [], []
+    for token, step in zip(sample.token_ids, sample.logprobs or []):
+        logprobs.append(step[token].logprob)
+        tops.append([(t, lp.logprob) for t, lp in sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+                     if lp.rank is not None])
+    return logprobs, tops
+
+
 def chat_entries(texts: TokenTexts, tokens: list[int], logprobs: list[float],
                  tops: list | None) -> list[dict]:
     out = []

@@ -135,6 +135,8 @@ class ChatCompletionRequest(_Common):
     response_format: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True      # vLLM's extra fields
+    continue_final_message: bool = False
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -153,7 +155,9 @@ class ChatCompletionRequest(_Common):
                            response_format=self.response_format,
                            structured_outputs=structured_outputs,
                            reasoning_effort=self.reasoning_effort,
-                           chat_template_kwargs=self.chat_template_kwargs, tool_grammar=tool_grammar)
+                           chat_template_kwargs=self.chat_template_kwargs, tool_grammar=tool_grammar,
+                           add_generation_prompt=self.add_generation_prompt,
+                           continue_final_message=self.continue_final_message)
 
 
 class GrammarSpec(BaseModel):
