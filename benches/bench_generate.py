@@ -1,7 +1,7 @@
 """guided vs transformers `generate` and llama.cpp on the default model, same
 prompts and machine, measured in one run.
 
-    python benches/bench_generate.py [--new-tokens 128] [--batches 1 8 16]
+    python benches/bench_generate.py [--new-tokens 128] [--batches 1 8 16] [--json PATH]
 
 llama.cpp is `llama-cpp-python` on the same GGUF, installed by `make
 bench-setup` (built from source for this CPU's flags); it is skipped, with a
@@ -27,6 +27,8 @@ import torch
 from guided import LLM, SamplingParams, _native
 from guided.model import default_model_path
 from guided.model.quant_linear import QuantLinear
+
+from machine import cpu_flags, write_json
 
 PROMPT_WORDS = ("Explain in detail how a compiler turns source code into machine code, "
                 "covering lexing, parsing, optimisation and code generation. ")
@@ -60,20 +62,6 @@ def weight_mb(llm: LLM) -> float:
     quant = sum(m.matrix.nbytes + (0 if m.dense is None else m.dense.numel() * 4)
                 for m in model.modules() if isinstance(m, QuantLinear))
     return (dense + quant) / 2**20
-
-
-def cpu_flags() -> str:
-    """The CPU's model and the SIMD flags that pick kernels."""
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-              "avx_vnni", "amx_bf16", "amx_int8")
-    model, flags = "?", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    return f"{model}; {' '.join(f for f in wanted if f in flags)}"
 
 
 def peak_rss_mb() -> float:
@@ -110,6 +98,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     import transformers
@@ -172,6 +161,10 @@ def main() -> None:
         for ours in (r for r in rows if r[0] == "guided" and r[2] == batch):
             print(f"batch {batch:>2}, guided {ours[1]:<{width}} vs transformers float32: "
                   f"decode {ours[4] / ref[4]:.2f}x, prefill {ref[3] / ours[3]:.2f}x")
+    write_json(args.json, "bench_generate", args,
+               [dict(zip(("engine", "dtype", "batch", "prefill_ms", "decode_tok_s"), r)) for r in rows],
+               threads=torch.get_num_threads(), prompt_tokens=ids.shape[1], peak_rss_mb=peak_rss_mb(),
+               weights_mb={label: weight_mb(llm) for label, llm in engines.items()})
 
 
 if __name__ == "__main__":

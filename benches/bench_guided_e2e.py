@@ -1,6 +1,7 @@
 """End-to-end guided decoding on the default model, one run:
 
     python benches/bench_guided_e2e.py [--batch 16] [--hf-batch 16] [--new-tokens 128]
+                                       [--skip-hf] [--json PATH]
 
 (a) guided, constrained (a JSON schema) vs unconstrained, same prompts,
     greedy. The constrained run ends where its JSON ends (or at
@@ -37,6 +38,8 @@ import torch
 
 from guided import LLM, SamplingParams
 from guided.model import default_model_path
+
+from machine import write_json
 
 SCHEMA = {
     "type": "object",
@@ -113,6 +116,19 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
             "con_tps": n / t_con, "ff_off_tps": n / t_ff, "free_tps": n / t_free, "cut_tps": n_cut / t_cut,
             "cut_valid": sum(map(_parses, (o.text for o in cut))), **delta,
             "sample_text": outs[0].text}
+
+
+def a_row(label: str, batch: int, r: dict) -> dict:
+    """(a)'s printed row for one dtype, units in the keys; ratios are to free decoding."""
+    hidden = 1 - r["mask_wait_us"] / r["mask_time_us"] if r["mask_time_us"] else float("nan")
+    return {"part": "a", "engine": "guided", "dtype": label, "batch": batch, "tokens": r["tokens"],
+            "valid_json": r["valid_json"], "constrained_tok_s": r["con_tps"], "ff_off_tok_s": r["ff_off_tps"],
+            "free_tok_s": r["free_tps"], "constrained_over_free": r["con_tps"] / r["free_tps"],
+            "ff_off_over_free": r["ff_off_tps"] / r["free_tps"], "forced_tokens": r["forced_tokens"],
+            "mask_ms": r["mask_time_us"] / 1e3, "mask_waited_ms": r["mask_wait_us"] / 1e3,
+            "mask_hidden_pct": 100 * hidden, "cut_tok_s": r["cut_tps"],
+            "cut_over_free": r["cut_tps"] / r["free_tps"], "cut_valid_json": r["cut_valid"],
+            "finish_reasons": {f: r["finish"].count(f) for f in set(r["finish"])}}
 
 
 def _parses(text: str) -> bool:
@@ -195,6 +211,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
@@ -219,21 +236,22 @@ def main() -> None:
     print(f"{'dtype':<{w}}{'tokens':>7}{'valid':>6}{'constr tok/s':>13}{'ff-off tok/s':>13}"
           f"{'free tok/s':>11}{'ratio':>7}{'ff-off':>7}{'forced':>7}{'mask ms':>9}{'waited ms':>10}"
           f"{'hidden':>7}{'cut tok/s':>10}{'cut':>6}{'valid':>6}")
-    for label, r in a_rows.items():
-        hidden = 1 - r["mask_wait_us"] / r["mask_time_us"] if r["mask_time_us"] else float("nan")
-        print(f"{label:<{w}}{r['tokens']:>7}{r['valid_json']:>6}{r['con_tps']:>13.1f}{r['ff_off_tps']:>13.1f}"
-              f"{r['free_tps']:>11.1f}{r['con_tps'] / r['free_tps']:>7.3f}"
-              f"{r['ff_off_tps'] / r['free_tps']:>7.3f}{r['forced_tokens']:>7}"
-              f"{r['mask_time_us'] / 1e3:>9.1f}{r['mask_wait_us'] / 1e3:>10.1f}{100 * hidden:>6.0f}%"
-              f"{r['cut_tps']:>10.1f}{r['cut_tps'] / r['free_tps']:>6.3f}{r['cut_valid']:>6}")
+    rows = [a_row(label, args.batch, r) for label, r in a_rows.items()]
+    for r in rows:
+        print(f"{r['dtype']:<{w}}{r['tokens']:>7}{r['valid_json']:>6}{r['constrained_tok_s']:>13.1f}"
+              f"{r['ff_off_tok_s']:>13.1f}{r['free_tok_s']:>11.1f}{r['constrained_over_free']:>7.3f}"
+              f"{r['ff_off_over_free']:>7.3f}{r['forced_tokens']:>7}{r['mask_ms']:>9.1f}"
+              f"{r['mask_waited_ms']:>10.1f}{r['mask_hidden_pct']:>6.0f}%{r['cut_tok_s']:>10.1f}"
+              f"{r['cut_over_free']:>6.3f}{r['cut_valid_json']:>6}")
     first = next(iter(a_rows.values()))
-    print(f"\nfinish reasons: {dict((f, first['finish'].count(f)) for f in set(first['finish']))}; "
+    print(f"\nfinish reasons: {rows[0]['finish_reasons']}; "
           f"row 0: {first['sample_text'][:160]!r}")
     print("ratio = constrained / free tok/s (floor 0.90, goal 0.97); ff-off = constrained with "
           "fast_forward=False / free; mask ms = wall time of the mask jobs, waited = what sample() "
           "waited for, hidden = the share that overlapped the forward pass; cut = constrained with "
           "on_length='cut' (no closing at the budget) / free, and how many of its outputs parse\n",
           flush=True)
+    write_json(args.json, "bench_guided_e2e", args, rows)  # (a) kept should (b) fail
     if args.skip_hf:
         return
 
@@ -275,6 +293,11 @@ def main() -> None:
         for blabel, b in b_rows.items():
             print(f"guided {label} vs {blabel}: {r['con_tps'] / b['tps']:.2f}x tok/s")
     print(f"\ntransformers + xgrammar row 0: {b_rows['transformers + xgrammar']['sample_text'][:160]!r}")
+    b_table = [("guided", label, r, r["con_tps"]) for label, r in a_rows.items()]
+    b_table += [(label, "float32", r, r["tps"]) for label, r in b_rows.items()]
+    rows += [{"part": "b", "engine": engine, "dtype": dtype, "batch": args.hf_batch, "tokens": r["tokens"],
+              "valid_json": r["valid_json"], "constrained_tok_s": tps} for engine, dtype, r, tps in b_table]
+    write_json(args.json, "bench_guided_e2e", args, rows)
 
 
 if __name__ == "__main__":

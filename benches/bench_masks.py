@@ -1,7 +1,7 @@
 """Grammar mask time per decode step: guided's native core vs llguidance's
 Python LLMatcher vs xgrammar, same grammars, tokenizers and token walks, one run.
 
-    python benches/bench_masks.py [--tokenizers smollm2 deepseek] [--batches 1 16 64]
+    python benches/bench_masks.py [--tokenizers smollm2 deepseek] [--batches 1 16 64] [--json PATH]
     pytest benches/bench_masks.py --benchmark-only
 
 Two grammars — a nested JSON Schema (objects, enums, arrays, numbers, strings)
@@ -48,6 +48,7 @@ for p in (_HERE.parent / "python", _HERE):
         sys.path.insert(0, str(p))
 
 from jsonschemabench import encode, load_tokenizer  # noqa: E402
+from machine import write_json  # noqa: E402
 
 # ----------------------------------------------------------------------------- grammars
 
@@ -246,8 +247,8 @@ def walk_guided_scheduler(s: Setup, kind: str, batch: int) -> list[float]:
         if not np.array_equal(toks, np.array(picks)):
             raise RuntimeError(f"guided rejected the {kind} instance at {pos}: {toks} vs {picks}")
         for ev in sched.update(toks):
-            if ev[2] == "error":
-                raise RuntimeError(f"guided: {ev[5]}")
+            if ev.finish_reason == "error":
+                raise RuntimeError(f"guided: {ev.error}")
         for sid in sids:
             pos[sid] += 1
     return times
@@ -358,6 +359,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--grammars", nargs="+", default=list(GRAMMARS))
     ap.add_argument("--repeat", type=int, default=3, help="walks per cell (times pooled)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
     rows = []
     for tname in args.tokenizers:
@@ -373,25 +375,29 @@ def main() -> None:
                         continue
                     fn(s, kind, batch)  # warm-up
                     times = [t for _ in range(args.repeat) for t in fn(s, kind, batch)]
-                    rows.append((tname, s.vocab, kind, batch, ename, statistics.median(times),
-                                 pct(times, 99), len(times)))
+                    p50 = statistics.median(times)
+                    rows.append({"tokenizer": tname, "vocab": s.vocab, "grammar": kind, "batch": batch,
+                                 "engine": ename, "step_us_p50": p50, "step_us_p99": pct(times, 99),
+                                 "row_us_p50": p50 / batch, "steps": len(times)})
     print(f"\nmask time per decode step (whole [batch, vocab/32] mask), µs; {os.cpu_count()} CPUs; "
           f"per row = p50 / batch\n")
     print(f"{'tokenizer':<10}{'vocab':>8}{'grammar':>8}{'batch':>6}  {'engine':<16}"
           f"{'p50':>9}{'p99':>9}{'per row':>9}{'steps':>7}")
-    for tname, vocab, kind, batch, ename, p50, p99, n in rows:
-        print(f"{tname:<10}{vocab:>8}{kind:>8}{batch:>6}  {ename:<16}{p50:>9.1f}{p99:>9.1f}"
-              f"{p50 / batch:>9.1f}{n:>7}")
+    for r in rows:
+        print(f"{r['tokenizer']:<10}{r['vocab']:>8}{r['grammar']:>8}{r['batch']:>6}  {r['engine']:<16}"
+              f"{r['step_us_p50']:>9.1f}{r['step_us_p99']:>9.1f}{r['row_us_p50']:>9.1f}{r['steps']:>7}")
     print("\nratios (other / guided; > 1 means guided is faster)\n")
     print(f"{'tokenizer':<10}{'grammar':>8}{'batch':>6}  {'llg p50':>8}{'llg p99':>8}{'xgr p50':>8}{'xgr p99':>8}")
     for tname in args.tokenizers:
         for kind in args.grammars:
             for batch in args.batches:
-                cell = {r[4]: r for r in rows if r[0] == tname and r[2] == kind and r[3] == batch}
+                cell = {r["engine"]: r for r in rows
+                        if (r["tokenizer"], r["grammar"], r["batch"]) == (tname, kind, batch)}
                 g = cell["guided"]
-                ratio = [f"{cell[e][i] / max(g[i], 1e-9):>8.2f}" for e in ("llguidance", "xgrammar")
-                         for i in (5, 6)]
+                ratio = [f"{cell[e][k] / max(g[k], 1e-9):>8.2f}" for e in ("llguidance", "xgrammar")
+                         for k in ("step_us_p50", "step_us_p99")]
                 print(f"{tname:<10}{kind:>8}{batch:>6}  " + "".join(ratio))
+    write_json(args.json, "bench_masks", args, rows)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The OpenAI server under concurrent streaming clients, one run:
 
     python benches/bench_serve.py [--clients 1 8 32] [--requests 32] [--max-tokens 64]
-                                  [--no-peer]
+                                  [--no-peer] [--json PATH]
 
 Starts ``python -m guided.serve`` (default model, default dtype) and, unless
 --no-peer, the pure-Python stack a user would otherwise glue together:
@@ -33,7 +33,8 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from live_server import running_server  # noqa: E402
+from helpers.live_server import running_server  # noqa: E402
+from machine import write_json  # noqa: E402
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0,
@@ -115,16 +116,22 @@ def pct(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
 
 
-def measure(name: str, base: str, workloads: list[str], args) -> dict:
+def measure(name: str, server: str, base: str, workloads: list[str], args) -> dict:
+    """{(workload, N): row}, each row printed as it is measured (as ``name``) and
+    labelled ``server``; latencies in ms."""
     table = {}
     for workload in workloads:
         for n in args.clients:
-            asyncio.run(run_level(base, workload, 1, 1, 8))   # warm-up: compiles, caches
+            # Warm-up (compiles, caches) at the full budget: a schema's shortest answer may need more
+            # tokens than a short budget allows, which the server refuses (400).
+            asyncio.run(run_level(base, workload, 1, 1, args.max_tokens))
             r = asyncio.run(run_level(base, workload, n, args.requests, args.max_tokens))
-            table[(workload, n)] = r
-            print(f"{name:8} {workload:5} {n:3} {r['tok_s']:9.1f} "
-                  f"{pct(r['ttft'], 50) * 1e3:9.0f} {pct(r['ttft'], 99) * 1e3:9.0f} "
-                  f"{pct(r['itl'], 50) * 1e3:8.1f} {pct(r['itl'], 99) * 1e3:8.1f}", flush=True)
+            row = table[(workload, n)] = {
+                "server": server, "workload": workload, "clients": n, "requests": r["requests"],
+                "tok_s": r["tok_s"], **{f"{key}_p{q}_ms": pct(r[key], q) * 1e3
+                                        for key in ("ttft", "itl") for q in (50, 99)}}
+            print(f"{name:8} {workload:5} {n:3} {row['tok_s']:9.1f} {row['ttft_p50_ms']:9.0f} "
+                  f"{row['ttft_p99_ms']:9.0f} {row['itl_p50_ms']:8.1f} {row['itl_p99_ms']:8.1f}", flush=True)
     return table
 
 
@@ -134,19 +141,22 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests per (workload, N)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
     print(f"{'server':8} {'load':5} {'N':>3} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} "
           f"{'itl p50':>8} {'itl p99':>8}   (ms)")
     with running_server("--max-num-seqs", "64") as base:
-        ours = measure("guided", base, list(WORKLOADS), args)
+        ours = measure("guided", "guided", base, list(WORKLOADS), args)
+    write_json(args.json, "bench_serve", args, list(ours.values()))  # kept should the peer fail
     if args.no_peer:
         return
     peer_cmd = [sys.executable, str(Path(__file__).parent / "peers" / "hf_server.py")]
     with running_server(command=peer_cmd) as base:
-        theirs = measure("hf+xgr", base, ["free", "json"], args)
+        theirs = measure("hf+xgr", "transformers + xgrammar", base, ["free", "json"], args)
     print("\nthroughput guided / transformers+xgrammar:")
     for key, r in theirs.items():
         print(f"  {key[0]:5} N={key[1]:<3} {ours[key]['tok_s'] / r['tok_s']:6.2f}x")
+    write_json(args.json, "bench_serve", args, [*ours.values(), *theirs.values()])
 
 
 if __name__ == "__main__":

@@ -51,12 +51,14 @@ def metric(base: str, name: str) -> float | None:
 
 
 @contextlib.contextmanager
-def running_server(*args: str, timeout: float = 180, command: list[str] | None = None):
+def running_server(*args: str, timeout: float = 180, command: list[str] | None = None,
+                   cwd: str | None = None):
     """The base URL of a server started with ``args`` (``command``: another
-    server than guided's, taking --port too); it is stopped on exit."""
+    server than guided's, taking --port too; ``cwd``: where it runs); it is
+    stopped on exit."""
     port = free_port()
     command = command or [sys.executable, "-m", "guided.serve", "--log-level", "warning"]
-    proc = subprocess.Popen([*command, "--port", str(port), *args])
+    proc = subprocess.Popen([*command, "--port", str(port), *args], cwd=cwd)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     try:
