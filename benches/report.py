@@ -36,8 +36,8 @@ RUNS = {
     "generate": ("bench_generate.py", []),
     **{f"e2e_b{b}": ("bench_guided_e2e.py", ["--batch", str(b), "--skip-hf"]) for b in (1, 8)},
     "e2e_hf": ("bench_guided_e2e.py", ["--batch", "16"]),   # its part (a) is batch 16's ratio
-    "serve": ("bench_serve.py", []),
     "masks": ("bench_masks.py", []),
+    "serve": ("bench_serve.py", []),   # the longest (its peer serves one request at a time): last
 }
 TAIL = 25  # lines of a failed bench's output kept in the report
 
