@@ -111,7 +111,9 @@ def test_grammar_compile(benchmark):
     from guided.tokenizer import plain_encoder, token_bytes
     tok, end_ids, vocab, _ = vocabulary()
     compiler = GrammarCompiler(token_bytes(tok), end_ids, vocab, cache_size=1, tokenize=plain_encoder(tok))
-    texts = [compose({"json": {**SCHEMA, "title": f"t{i}"}}).text for i in range(2)]
+    texts = [compose({"json": {**SCHEMA, "properties": {**SCHEMA["properties"], "name": {
+        "type": "string", "maxLength": 40 + i}}}}).text for i in range(2)]
+    assert texts[0] != texts[1]
     state = {"i": 0}
 
     def compile_fresh():   # alternate two texts: a cache of one never hits

@@ -119,7 +119,9 @@ class LLM:
         on any exception (KeyboardInterrupt too) none of them is left in it."""
         wanted = {r for group in groups for r in group}
         done: dict[int, RequestOutput] = {}
-        bar = tqdm(total=len(groups), desc="Processed prompts", unit="prompt", disable=not use_tqdm)
+        # a bar on a terminal, none in a log or a pipe
+        bar = tqdm(total=len(groups), desc="Processed prompts", unit="prompt",
+                   disable=None if use_tqdm else True)
         try:
             while not wanted <= done.keys():
                 for update in self.engine.step():
@@ -127,8 +129,8 @@ class LLM:
                         on_update(update)
                     if update.finished is not None:
                         done[update.request_id] = update.finished
-                bar.n = sum(all(r in done for r in group) for group in groups)
-                bar.refresh()
+                        if not bar.disable:
+                            bar.update(sum(all(r in done for r in g) for g in groups) - bar.n)
         except BaseException:
             self._abort(groups)
             raise
