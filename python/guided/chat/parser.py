@@ -69,8 +69,9 @@ class ChatParser:
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
                  tools: DetectedFormat | None, tool_schemas: dict[str, dict] | None,
                  reasoning: tuple[str, str, str] | None, reasoning_state: str | None,
-                 on_finish: Callable[[list[int]], None] | None = None):
+                 on_finish: Callable[[list[int]], None] | None = None, stop: list[str] = ()):
         self.special, self.tok = special, tokenizer
+        self.stop = [s for s in stop if s]           # stop strings: the content ends before one
         self.tools = tools if tool_schemas else None
         self.schemas = tool_schemas or {}
         self.layout = reasoning                      # (open, close, after) whitespace
@@ -212,6 +213,9 @@ class ChatParser:
         text = self.content.text
         if self.after_reasoning:
             text = text.lstrip("\n")
+        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
+        if hits:   # the engine ended the answer there; the stop string is not content
+            return text[:min(hits)]
         if self.mode == "calls" and not self.broken:
             if not text.strip():
                 return ""   # the template's whitespace before a call-only answer's calls
@@ -220,13 +224,11 @@ class ChatParser:
         if final:
             return text + (self.region_text(controls=False) if self.broken or self.mode == "calls" else "")
         # hold back what could still be a separator or the start of a text trigger
+        # and what could still be the start of a stop string
         held = len(text) - len(text.rstrip("\n"))
-        trigger = self._text_trigger()
-        if trigger is not None:
-            for k in range(min(len(trigger) - 1, len(text)), 0, -1):
-                if trigger.startswith(text[-k:]):
-                    held = max(held, k)
-                    break
+        for word in [self._text_trigger(), *self.stop]:
+            if word is not None:
+                held = max(held, _partial_end(text, word))
         return text[:len(text) - held]
 
     def _deltas(self, final: bool) -> list[ChatDelta]:
@@ -282,6 +284,15 @@ class ChatParser:
             self.broken = not ok and not self.sent_calls
             return [c for c in calls if c.done] if ok or self.sent_calls else []
         return calls
+
+
+def _partial_end(text: str, word: str) -> int:
+    """The length of the longest end of ``text`` that begins ``word`` (and
+    is shorter than it)."""
+    for k in range(min(len(word) - 1, len(text)), 0, -1):
+        if word.startswith(text[-k:]):
+            return k
+    return 0
 
 
 def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],

@@ -35,7 +35,9 @@ class ChatOptions:
 
     tool_choice: "auto", "none", "required" or {"type": "function",
     "function": {"name": ...}}; reasoning_effort: "none", "minimal", "low",
-    "medium", "high" or None (the model's default); response_format or
+    "medium", "high" or None (the model's default); reasoning_budget: tokens
+    of reasoning text at most, the block required (Anthropic's thinking
+    budget_tokens; with an effort, the smaller budget); response_format or
     structured_outputs (one of them) constrain the answer; tool_grammar:
     enforce the tool-call grammar for tool_choice "auto" too;
     add_generation_prompt and continue_final_message as in vLLM and
@@ -49,6 +51,7 @@ class ChatOptions:
     response_format: dict | None = None
     structured_outputs: dict | None = None
     reasoning_effort: str | None = None
+    reasoning_budget: int | None = None
     chat_template_kwargs: dict | None = None
     documents: list | None = None
     tool_grammar: bool = True
@@ -81,9 +84,12 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
             raise ValueError("give either response_format or structured_outputs, not both")
         answer = _constraint(o.structured_outputs)
     effort = _check_effort(o.reasoning_effort, chat)
+    budget = _check_budget(o.reasoning_budget, effort, chat)
     if not isinstance(o.parallel_tool_calls, bool):
         raise ValueError("parallel_tool_calls must be a boolean")
     kwargs = _template_kwargs(chat, o.chat_template_kwargs, effort)
+    if budget is not None and chat.thinking_switch:
+        kwargs.setdefault(chat.thinking_switch, True)
 
     fmt = chat.tools
     msgs = normalize_messages(messages, fmt, chat.contract)
@@ -94,7 +100,7 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     encoded = chat.encode(msgs, tools=template_tools, documents=o.documents, kwargs=kwargs,
                           prompt=_prompt_mode(o))
 
-    reasoning = _reasoning_plan(chat, encoded, effort)
+    reasoning = _reasoning_plan(chat, encoded, effort, budget)
     # the template's whitespace before calls, where no reasoning block (whose
     # layout says what follows it) can come first
     no_block = reasoning is None or reasoning.state == "closed" or (
@@ -123,7 +129,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
                     lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
-                                       encoded.reasoning_state, on_finish=chat.remember))
+                                       encoded.reasoning_state, on_finish=chat.remember,
+                                       stop=params.stop))
 
 
 # -- checks ------------------------------------------------------------
@@ -304,6 +311,18 @@ def _check_effort(effort, chat: ChatFormat) -> str | None:
     return effort
 
 
+def _check_budget(budget, effort: str | None, chat: ChatFormat) -> int | None:
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"reasoning_budget must be a positive integer, got {budget!r}")
+    if chat.reasoning is None:
+        raise ValueError("reasoning_budget: this model's template and tokenizer have no reasoning block")
+    if effort == "none":
+        raise ValueError("reasoning_budget with reasoning_effort='none': give one")
+    return budget
+
+
 def _template_kwargs(chat: ChatFormat, given: dict | None, effort: str | None) -> dict:
     if given is not None and not isinstance(given, dict):
         raise ValueError("chat_template_kwargs must be an object")
@@ -335,14 +354,17 @@ def _call_lead(call_ws: str, generation_prompt: str) -> str:
     return call_ws[len(tail):] if call_ws.startswith(tail) else call_ws
 
 
-def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None) -> ReasoningPlan | None:
+def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None,
+                    budget: int | None) -> ReasoningPlan | None:
     if chat.reasoning is None:
         return None
     start, end = chat.special.reasoning_ids
     layout = chat.reasoning
-    mode = "optional" if effort is None else "forbidden" if effort == "none" else "required"
+    mode = "optional" if effort is None and budget is None else \
+        "forbidden" if effort == "none" else "required"
+    budgets = [b for b in (REASONING_BUDGETS.get(effort), budget) if b is not None]
     return ReasoningPlan(start, end, layout.open, layout.close, layout.after,
-                         encoded.reasoning_state, mode, REASONING_BUDGETS.get(effort), empty=layout.empty)
+                         encoded.reasoning_state, mode, min(budgets, default=None), empty=layout.empty)
 
 
 def _with_envelope_system(messages: list[dict], tools: list[dict]) -> list[dict]:

@@ -1,15 +1,84 @@
-"""POST /v1/chat/completions: everything the chat layer offers (tools,
-reasoning, response_format, structured_outputs), n choices, logprobs."""
+"""The chat core every chat-shaped API shares (/v1/chat/completions,
+/v1/responses, /v1/messages): one conversation in OpenAI's message shape
+and ChatOptions in, checked and planned by the chat layer, run as n
+choices, and read back as the parser's deltas. Each API only translates
+its body into that and the deltas into its own events.
+
+Also POST /v1/chat/completions itself: everything the chat layer offers
+(tools, reasoning, response_format, structured_outputs), n choices,
+logprobs."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import AsyncIterator
 
-from ..chat.parser import ChatDelta
+from ..chat import ChatOptions
+from ..chat.parser import ChatDelta, ChatParser, ChatResponse
+from ..chat.request import ChatPlan
+from ..engine import StepUpdate
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
 from .logprobs import chat_entries, ranked
 from .protocol import ChatCompletionRequest
-from .runs import Job
+from .runs import Job, Run
 from .state import ServerState, respond, usage
+
+
+@dataclass
+class ChatRun:
+    """One chat request in the engine: its n choices and their parsers."""
+
+    run: Run
+    prompt_ids: list[int]
+    parsers: list[ChatParser]
+
+    async def deltas(self) -> AsyncIterator[tuple[int, StepUpdate, list[ChatDelta]]]:
+        """(choice, update, the parser's deltas for it) as tokens arrive;
+        a choice's last update carries the deltas held back until its end."""
+        async for i, u in self.run.updates():
+            parser = self.parsers[i]
+            yield i, u, parser.push(u.token_ids) + (parser.finish() if u.finished else [])
+
+    def result(self, i: int, out: RequestOutput) -> ChatResponse:
+        """Choice ``i``'s whole message (for an answer sent as one body)."""
+        self.parsers[i].push(out.token_ids)
+        return self.parsers[i].result(out)
+
+    def usage(self, outs: list[RequestOutput]) -> tuple[int, int, int]:
+        """(prompt, completion, cached) tokens of the request."""
+        return (len(self.prompt_ids), sum(len(o.token_ids) for o in outs),
+                outs[0].num_cached_tokens if outs else 0)
+
+
+async def plan_chat(s: ServerState, messages: list[dict], options: ChatOptions,
+                    params: SamplingParams, max_tokens_given: bool, **sizes) -> ChatPlan:
+    """The chat layer's plan of one request, off the event loop, with the
+    server's limits applied: ``sizes`` are the client's schemas and
+    grammars (--max-grammar-bytes); ``params.max_tokens`` is the client's
+    or, where it gave none (``max_tokens_given`` False), the context
+    length, cut to what the prompt leaves once it is known."""
+    s.policy.check_size(**sizes)
+    plan = await s.policy.compile(s.llm.prepare_chat, messages, params, options, s.timed_compile)
+    s.check_context(len(plan.prompt_ids), params.max_tokens if max_tokens_given else None)
+    if not max_tokens_given:
+        plan.params = replace(plan.params, max_tokens=s.max_model_len - len(plan.prompt_ids))
+    return plan
+
+
+async def open_chat(s: ServerState, plan: ChatPlan, n: int, endpoint: str, prefix: str) -> ChatRun:
+    """``plan`` run as ``n`` choices (sample i draws from seed + i)."""
+    plans = [replace(plan, params=plan.params.sample(j)) for j in range(n)]
+    run = s.new_run(endpoint, prefix)
+    await run.open([Job(plan.prompt_ids, p.params, p.grammar) for p in plans])
+    return ChatRun(run, plan.prompt_ids, [p.parser() for p in plans])
+
+
+def sampling_params(body, s: ServerState) -> tuple[SamplingParams, bool]:
+    """``body``'s params (an OpenAI-shaped body, see protocol._Common), with
+    the context length standing for a max_tokens it did not give."""
+    given = body.requested_max_tokens()
+    return body.sampling_params(given or s.max_model_len), given is not None
 
 
 async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
@@ -17,31 +86,23 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
     s.check_model(body.model)
     messages = [m.as_template_input() for m in body.messages]
     so = s.policy.structured_outputs(body.structured_outputs)
-    s.policy.check_size(tools=body.tools, response_format=body.response_format,
-                        structured_outputs=so)
     options = body.chat_options(so, tool_grammar=s.enable_tool_grammar)
-    # Templates, schemas and grammar compiles are CPU work: off the event loop.
-    plan = await s.policy.compile(s.llm.prepare_chat, messages, None, options, s.timed_compile)
-    ids = plan.prompt_ids
-    s.check_context(len(ids), body.requested_max_tokens())
+    params, given = sampling_params(body, s)
+    plan = await plan_chat(s, messages, options, params, given, tools=body.tools,
+                           response_format=body.response_format, structured_outputs=so)
     n = body.n
-    default_max = s.max_model_len - len(ids)
-    plans = [replace(plan, params=body.sampling_params(default_max, j)) for j in range(n)]
-    parsers = [p.parser() for p in plans]
-    run = s.new_run("chat", "chatcmpl")
-    await run.open([Job(ids, p.params, p.grammar) for p in plans])
-    head = {"id": run.request_id, "created": int(time.time()),
+    chat = await open_chat(s, plan, n, "chat", "chatcmpl-")
+    head = {"id": chat.run.request_id, "created": int(time.time()),
             "model": body.model or s.model_names[0]}
     wants_logprobs = body.logprobs
 
     def total_usage(outs) -> dict:
-        return usage(len(ids), sum(len(o.token_ids) for o in outs), outs[0].num_cached_tokens)
+        return usage(*chat.usage(outs))
 
     def whole(outs) -> dict:
         choices = []
         for i, out in enumerate(outs):
-            parsers[i].push(out.token_ids)
-            reply = parsers[i].result(out)
+            reply = chat.result(i, out)
             lp = {"content": chat_entries(s.texts, out.token_ids, *ranked(out.outputs[0])),
                   "refusal": None} if wants_logprobs else None
             choices.append({"index": i, "message": reply.message(), "logprobs": lp,
@@ -62,21 +123,20 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
             yield one(i, {"role": "assistant", "content": ""})
         pending = [[] for _ in range(n)]   # logprobs waiting for a chunk to ride on
         finals = [None] * n
-        async for i, u in run.updates():
+        async for i, u, deltas in chat.deltas():
             if wants_logprobs:
                 pending[i] += chat_entries(s.texts, u.token_ids, u.logprobs, u.top_logprobs)
-            deltas = parsers[i].push(u.token_ids) + (parsers[i].finish() if u.finished else [])
             for d in deltas:
                 lp, pending[i] = (pending[i], []) if wants_logprobs else (None, [])
                 yield one(i, _delta(d), lp=lp)
             if u.finished:
                 finals[i] = u.finished
                 lp = pending[i] if wants_logprobs else None
-                yield one(i, {}, parsers[i].finish_reason(u.finished), lp)
+                yield one(i, {}, chat.parsers[i].finish_reason(u.finished), lp)
         if body.include_usage:
             yield {**chunk, "choices": [], "usage": total_usage(finals)}
 
-    return await respond(run, body.stream, chunks, whole, disconnected)
+    return await respond(chat.run, body.stream, chunks, whole, disconnected)
 
 
 def _delta(d: ChatDelta) -> dict:

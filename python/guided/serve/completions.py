@@ -26,7 +26,7 @@ async def create_completion(s: ServerState, body: CompletionRequest,
     n = body.n
     jobs = [Job(ids, body.sampling_params(DEFAULT_MAX_TOKENS, j), grammar, group=p)
             for p, ids in enumerate(encoded) for j in range(n)]
-    run = s.new_run("completions", "cmpl")
+    run = s.new_run("completions", "cmpl-")
     await run.open(jobs)
     echo = [(p if isinstance(p, str) else s.llm.tokenizer.decode(ids)) if body.echo else ""
             for p, ids in zip(prompts, encoded)]

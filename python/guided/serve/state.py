@@ -74,22 +74,31 @@ class ServerState:
         return await self.policy.compile(build)
 
     def new_run(self, endpoint: str, prefix: str) -> Run:
+        """A run whose request id is ``prefix`` and a random hex (with the
+        separator the API's own ids use: "chatcmpl-…", "resp_…")."""
         return Run(self.engine, self.admission, self.metrics, endpoint,
-                   f"{prefix}-{uuid.uuid4().hex}")
+                   f"{prefix}{uuid.uuid4().hex}")
 
 
 async def respond(run: Run, stream: bool, chunks: Callable[[], AsyncIterator[dict]],
                   whole: Callable[[list], dict],
-                  disconnected: Callable[[], Awaitable[bool]] | None = None):
+                  disconnected: Callable[[], Awaitable[bool]] | None = None,
+                  typed_events: bool = False):
     """Server-sent events or one JSON body; either way the run is closed (and
     what is left of it aborted) when the response ends or the client leaves
-    (``disconnected`` tells, for a client waiting for one JSON body)."""
+    (``disconnected`` tells, for a client waiting for one JSON body).
+    ``typed_events``: each event named by its chunk's "type" and no [DONE]
+    at the end (the Responses and Messages APIs); else chat completions'
+    plain data lines ending with [DONE]."""
     if stream:
         async def body():
             try:
                 async for chunk in chunks():
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                yield "data: [DONE]\n\n"
+                    data = json.dumps(chunk, ensure_ascii=False)
+                    yield f"event: {chunk['type']}\ndata: {data}\n\n" if typed_events \
+                        else f"data: {data}\n\n"
+                if not typed_events:
+                    yield "data: [DONE]\n\n"
             finally:
                 await run.close()
         return StreamingResponse(body(), media_type="text/event-stream")
