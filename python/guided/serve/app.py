@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions,
-/v1/grammar, /v1/models, /health and /metrics."""
+"""The HTTP API: OpenAI's /v1/completions, /v1/chat/completions and
+/v1/responses, Anthropic's /v1/messages (and /v1/messages/count_tokens), our
+/v1/grammar, and /v1/models, /health and /metrics."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -12,19 +13,22 @@ from .async_engine import AsyncEngine
 from .chat import create_chat_completion
 from .completions import create_completion
 from .errors import APIError, error_response, install_handlers
+from .messages import CountTokensRequest, MessagesRequest, count_tokens, create_message
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, GrammarRequest
+from .responses import ResponsesRequest, ResponseStore, create_response
 from .state import ServerState
 
 DEFAULT_MAX_QUEUE = 1024
 _PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-          "/v1/grammar"}
+          "/v1/grammar", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
 
 
 class KeyAndCount:
-    """Checks the API key on /v1 and counts responses by path and status. A
-    plain ASGI middleware: it leaves the receive channel alone, so handlers
-    still see a client disconnect."""
+    """Checks the API key on /v1 (``Authorization: Bearer KEY`` as OpenAI's
+    clients send it, or ``x-api-key: KEY`` as Anthropic's) and counts
+    responses by path and status. A plain ASGI middleware: it leaves the
+    receive channel alone, so handlers still see a client disconnect."""
 
     def __init__(self, app, api_key: str | None, metrics: Metrics):
         self.app, self.api_key, self.metrics = app, api_key, metrics
@@ -40,9 +44,12 @@ class KeyAndCount:
             await send(message)
 
         if self.api_key and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if given != f"Bearer {self.api_key}":
-                return await error_response(401, "missing or wrong API key")(scope, receive, counted)
+            headers = dict(scope["headers"])
+            bearer = headers.get(b"authorization", b"").decode("latin-1")
+            key = headers.get(b"x-api-key", b"").decode("latin-1")
+            if bearer != f"Bearer {self.api_key}" and key != self.api_key:
+                return await error_response(401, "missing or wrong API key",
+                                            path=scope["path"])(scope, receive, counted)
         await self.app(scope, receive, counted)
 
 
@@ -93,6 +100,29 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(s, body, request.is_disconnected)
+
+    store = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        return await create_response(s, store, body, request.is_disconnected)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str):
+        return store.get(response_id)[1]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        return await create_message(s, body, request.is_disconnected)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(body: CountTokensRequest):
+        return await count_tokens(s, body)
 
     @app.post("/v1/grammar")
     async def grammar(body: GrammarRequest, request: Request):
