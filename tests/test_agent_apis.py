@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
@@ -319,6 +320,44 @@ def test_messages_thinking_within_its_budget(thinker, tok):
 # -- the Agents SDK ----------------------------------------------------------
 
 
+def test_one_conversation_one_prompt_through_three_apis(server, oai, claude):
+    """A tool call and its result, sent through chat completions, then
+    Responses, then Messages: the same prompt tokens each time, and the
+    second and third find it in the prefix cache."""
+    client, model = oai
+    args = {"city": "Paris", "unit": "celsius"}
+    result = '{"temperature": 21}'
+    chat = client.chat.completions.create(
+        model=model, max_tokens=1, tool_choice="none", **GREEDY,
+        tools=[{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+               for t in TOOLS],
+        messages=[{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": ASK},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "call_1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": json.dumps(args)}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": result}])
+    responses = client.responses.create(
+        model=model, max_output_tokens=1, tool_choice="none", tools=TOOLS, instructions=LONG_SYSTEM,
+        **GREEDY, input=[{"role": "user", "content": ASK},
+                         {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                          "arguments": json.dumps(args)},
+                         {"type": "function_call_output", "call_id": "call_1", "output": result}])
+    messages = claude.messages.create(
+        model=model, max_tokens=1, tool_choice={"type": "none"}, tools=CLAUDE_TOOLS, system=LONG_SYSTEM,
+        extra_body=GREEDY, messages=[
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                               "input": args}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                          "content": result}]}])
+    prompt = chat.usage.prompt_tokens
+    assert responses.usage.input_tokens == prompt
+    assert messages.usage.input_tokens + messages.usage.cache_read_input_tokens == prompt
+    for cached in (responses.usage.input_tokens_details.cached_tokens,
+                   messages.usage.cache_read_input_tokens):
+        assert cached >= 0.95 * prompt, (cached, prompt)
+
+
 def test_openai_agents_default_model(server, oai):
     """openai-agents' OpenAIResponsesModel: a function-tool loop (the call,
     its output sent back, the answer) and a run with an output_type. The
@@ -410,6 +449,52 @@ def test_bad_input_in_each_apis_shape(server, path, body, status, needle):
         assert answer["error"]["type"]
     assert needle in message, message
     assert get(server + "/health")[0] == 200
+
+
+def test_the_chat_limits_hold_on_the_new_endpoints(server, small_server):
+    """The grammar size limit, the bounded queue (503, in each API's shape)
+    and the request counters by endpoint and status."""
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
+                                             for i in range(300)}}
+    for path, body in (("/v1/responses", {"input": "hi", "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": huge}}}),
+            ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                              "tools": [{"name": "f", "input_schema": huge}]})):
+        status, _, text = post(server + path, json.dumps({"model": "served", **body}).encode(), API_KEY)
+        assert status == 400 and "--max-grammar-bytes" in text, text
+
+    async def burst(call, overloaded):
+        async def one(i):
+            try:
+                await call(i)
+                return 200
+            except (openai.APIStatusError, anthropic.APIStatusError) as err:
+                assert err.status_code == 503 and err.response.headers.get("retry-after"), err
+                overloaded(err.body)
+                return 503
+        return await asyncio.gather(*(one(i) for i in range(12)))
+
+    async def main():
+        oai_client = openai.AsyncOpenAI(base_url=small_server + "/v1", api_key="x", max_retries=0)
+        claude_client = anthropic.AsyncAnthropic(base_url=small_server, api_key="x", max_retries=0)
+        model = (await oai_client.models.list()).data[0].id
+        ask = "Count from 1 to 100: 1, 2, 3,"
+        responses = await burst(lambda i: oai_client.responses.create(
+            model=model, input=f"{i}. {ask}", max_output_tokens=24, temperature=0),
+            lambda body: body["message"])
+        messages = await burst(lambda i: claude_client.messages.create(
+            model=model, max_tokens=24, messages=[{"role": "user", "content": f"{i}. {ask}"}]),
+            lambda body: body["error"]["type"] == "overloaded_error" or pytest.fail(str(body)))
+        return responses, messages
+    # 6 fit (2 running + 4 waiting); the rest arrive while those still run
+    for results in asyncio.run(main()):
+        assert results.count(503) >= 4 and results.count(200) >= 6, results
+    counted = get(server + "/metrics")[1] + get(small_server + "/metrics")[1]
+    for endpoint in ("responses", "messages"):
+        assert re.search(rf'guided_requests_total{{endpoint="{endpoint}",[^}}]*status="200"', counted)
+        for status in ("200", "400", "503"):
+            assert f'guided_http_responses_total{{path="/v1/{endpoint}",status="{status}"}}' in counted, \
+                (endpoint, status)
 
 
 def test_anthropic_key_and_errors(server, oai):

@@ -187,7 +187,11 @@ def _check_tools(tools, compile_check) -> list[dict]:
         entry = schema_entry(tool_args_entry, schema, f"{where}.function.parameters")
         schema_entry(lambda e: compile_check(json.dumps({"grammars": [e]})), entry,
                      f"{where}.function.parameters")
-        out.append({"name": name, "schema": schema, "raw": {"type": "function", "function": fn}})
+        # the template sees the tool without ``strict``: a switch of this
+        # server's grammar, not part of the tool (so a tool renders the same
+        # whichever API brought it, with or without the flag)
+        shown = {k: v for k, v in fn.items() if k != "strict"}
+        out.append({"name": name, "schema": schema, "raw": {"type": "function", "function": shown}})
     return out
 
 

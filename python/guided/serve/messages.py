@@ -169,11 +169,11 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
         if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
             raise APIError(400, f"tools[{i}]: only client tools with an input_schema are supported "
                                 f"(type {tool.get('type')!r})", param=f"tools[{i}]")
-        fn = {"name": tool.get("name"), "parameters": tool["input_schema"]}
-        for key in ("description", "strict"):
-            if tool.get(key) is not None:
-                fn[key] = tool[key]
-        out.append({"type": "function", "function": fn})
+        # in the order OpenAI's clients send, so that a tool renders the
+        # same whichever API brought it
+        fn = {"name": tool.get("name"), "description": tool.get("description"),
+              "parameters": tool["input_schema"], "strict": tool.get("strict")}
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     return out
 
 
