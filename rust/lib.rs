@@ -3,6 +3,9 @@
 
 pub mod block_manager;
 pub mod closing;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod cuda_reference;
 pub mod grammar;
 pub mod masks;
 pub mod pool;
@@ -13,6 +16,8 @@ pub mod sequence;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_cuda;
 #[cfg(feature = "python")]
 mod python_grammar;
 #[cfg(feature = "python")]

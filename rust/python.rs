@@ -248,5 +248,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::python_quant::PyQuantMatrix>()?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_formats, m)?)?;
+    crate::python_cuda::register(m)?;
     Ok(())
 }

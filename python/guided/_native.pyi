@@ -18,7 +18,13 @@ import numpy.typing as npt
 from guided.sampling_params import SamplingParams
 
 __all__ = ["Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
-           "quant_formats", "quant_kernels"]
+           "check_sample_params", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
+           "cuda_paged_decode", "cuda_status", "cuda_write_kv", "quant_formats", "quant_kernels",
+           "reference_masked_sample", "reference_paged_decode"]
+
+#: a torch tensor as the CUDA launchers take it (python/guided/cuda_ops.py):
+#: (data_ptr, shape, dtype, device, contiguous)
+_TensorArg = tuple[int, list[int], str, str, bool]
 
 @final
 class StepPlan:
@@ -298,3 +304,46 @@ def quant_kernels() -> str | None:
 
 def quant_formats() -> list[tuple[str, int]]:
     """(name, ggml type id) of every weight format with a quantized kernel."""
+
+# -- the CUDA kernels (cuda/) and their CPU references ----------------------
+
+def cuda_status() -> tuple[bool, str]:
+    """(True, "") when the CUDA kernels can run here, else (False, why not)."""
+
+def cuda_kernel_files() -> list[tuple[str, int]]:
+    """(cuda/ file stem, fatbin bytes) of every embedded kernel file."""
+
+def cuda_paged_decode(q: _TensorArg, k_cache: _TensorArg, v_cache: _TensorArg, block_tables: _TensorArg,
+                      context_lens: _TensorArg, out: _TensorArg, scale: float, stream: int) -> None:
+    """Decode attention over the paged KV cache, on ``stream``."""
+
+def cuda_write_kv(k: _TensorArg, v: _TensorArg, k_cache: _TensorArg, v_cache: _TensorArg, slots: _TensorArg,
+                  stream: int) -> None:
+    """New K/V rows into their cache slots, on ``stream``."""
+
+def check_sample_params(vocab: int, words: int | None, temperature: npt.NDArray[np.float32],
+                        top_k: npt.NDArray[np.int32], top_p: npt.NDArray[np.float32],
+                        min_p: npt.NDArray[np.float32]) -> None:
+    """Raise ValueError naming the first bad size or row of a sampling call."""
+
+def cuda_masked_sample(logits: _TensorArg, mask: _TensorArg | None, temperature: _TensorArg, top_k: _TensorArg,
+                       top_p: _TensorArg, min_p: _TensorArg, seeds: _TensorArg, steps: _TensorArg,
+                       tokens: _TensorArg, logprobs: _TensorArg, stream: int) -> None:
+    """Mask-fused sampling, one token and its logprob per row, on ``stream``."""
+
+def cuda_adjust_logits(logits: _TensorArg, rows: _TensorArg, tokens: _TensorArg, seen: _TensorArg,
+                       counts: _TensorArg, bias: _TensorArg, repetition: _TensorArg, frequency: _TensorArg,
+                       presence: _TensorArg, stream: int) -> None:
+    """Penalties, logit bias and bans, in place, for (row, token) entries."""
+
+def reference_paged_decode(q: npt.NDArray[np.float32], k_cache: npt.NDArray[np.float32],
+                           v_cache: npt.NDArray[np.float32], block_tables: npt.NDArray[np.int32],
+                           context_lens: npt.NDArray[np.int32], scale: float) -> npt.NDArray[np.float32]:
+    """The decode kernel's algorithm on the CPU."""
+
+def reference_masked_sample(logits: npt.NDArray[np.float32], mask: npt.NDArray[np.int32] | None,
+                            temperature: npt.NDArray[np.float32], top_k: npt.NDArray[np.int32],
+                            top_p: npt.NDArray[np.float32], min_p: npt.NDArray[np.float32],
+                            seeds: npt.NDArray[np.uint64], steps: npt.NDArray[np.uint64]
+                            ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The sampling kernel's algorithm on the CPU: (tokens, logprobs)."""

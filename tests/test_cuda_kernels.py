@@ -1,0 +1,280 @@
+"""The CUDA kernels (cuda/): built into the native module on every machine,
+their algorithms checked on the CPU through the Rust references that run
+the same passes (rust/cuda_reference.rs), their launchers' argument checks
+run without a GPU, and the kernels themselves checked against the
+references and torch where a GPU is (skipped with the reason elsewhere).
+
+On a GPU machine: `make gpu-check` runs this file and benches/bench_cuda.py."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from guided import _native, cuda_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU, WHY_NOT = cuda_ops.status()
+needs_gpu = pytest.mark.skipif(not (GPU and torch.cuda.is_available()),
+                               reason=f"no GPU here: {WHY_NOT or 'torch sees no CUDA device'}")
+
+
+def test_every_kernel_file_is_built_in():
+    built = dict(_native.cuda_kernel_files())
+    assert set(built) == {p.stem for p in (ROOT / "cuda").glob("*.cu")}
+    assert all(size > 10_000 for size in built.values()), built
+
+
+# -- decode attention --------------------------------------------------------
+
+def _paged_case(seqs, heads, kv_heads, head, block_size, lens, dtype, seed=0):
+    """Random q and caches, each sequence's blocks scattered over the pool."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in lens) + 1
+    num_blocks = seqs * max_blocks + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head, generator=g).to(dtype)
+    q = torch.randn(seqs, heads, head, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[:seqs * max_blocks].view(seqs, max_blocks).int()
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def _torch_decode(q, k_cache, v_cache, tables, lens, scale):
+    """Gather each sequence's positions and run SDPA in float32."""
+    seqs, heads, head = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros(seqs, heads, head)
+    for s in range(seqs):
+        n = int(lens[s])
+        if n == 0:
+            continue
+        pos = torch.arange(n)
+        rows = tables[s, pos // block_size].long() * block_size + pos % block_size
+        keys = k_cache.view(-1, kv_heads, head)[rows].float().repeat_interleave(heads // kv_heads, 1)
+        values = v_cache.view(-1, kv_heads, head)[rows].float().repeat_interleave(heads // kv_heads, 1)
+        out[s] = F.scaled_dot_product_attention(q[s].float()[:, None], keys.transpose(0, 1),
+                                                values.transpose(0, 1), scale=scale)[:, 0]
+    return out
+
+
+SHAPES = [  # seqs, heads, kv_heads, head, block_size, context lengths
+    (3, 8, 8, 64, 16, [1, 17, 100]),
+    (2, 8, 2, 128, 16, [33, 5]),
+    (4, 4, 1, 64, 32, [64, 65, 1, 0]),
+    (1, 16, 4, 128, 8, [257]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_reference_decode_matches_torch(dtype):
+    """The kernel's algorithm (partitions with their own online softmax,
+    merged) against SDPA on the gathered positions: GQA, head sizes 64 and
+    128, lengths that are not a multiple of the block size, an empty one;
+    the caches in each dtype the kernel takes (read as float32)."""
+    for i, (seqs, heads, kv, head, bs, lens) in enumerate(SHAPES):
+        q, kc, vc, tables, ctx = _paged_case(seqs, heads, kv, head, bs, lens, dtype, seed=i)
+        scale = head ** -0.5
+        got = _native.reference_paged_decode(q.float().numpy(), kc.float().numpy(), vc.float().numpy(),
+                                             tables.numpy(), ctx.numpy(), scale)
+        want = _torch_decode(q, kc, vc, tables, ctx, scale)
+        assert np.abs(got - want.numpy()).max() < 1e-5, (i, np.abs(got - want.numpy()).max())
+
+
+# -- mask-fused sampling -----------------------------------------------------
+
+def _params(rows, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0):
+    return dict(temperature=np.full(rows, temperature, np.float32), top_k=np.full(rows, top_k, np.int32),
+                top_p=np.full(rows, top_p, np.float32), min_p=np.full(rows, min_p, np.float32),
+                seeds=np.full(rows, seed, np.uint64), steps=np.arange(rows, dtype=np.uint64))
+
+
+def _pack(allowed: np.ndarray) -> np.ndarray:
+    """[rows, vocab] bool → the CPU sampler's int32 words (bit j of word i: token 32 i + j)."""
+    rows, vocab = allowed.shape
+    padded = np.zeros((rows, -(-vocab // 32) * 32), bool)
+    padded[:, :vocab] = allowed
+    bits = padded.reshape(rows, -1, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)
+    return bits.sum(-1).astype(np.uint32).view(np.int32)
+
+
+def _filtered(logits: torch.Tensor, allowed, temperature, top_k, top_p, min_p) -> torch.Tensor:
+    """The distribution to draw from, the torch way (vLLM's order): mask,
+    temperature, top-k, top-p over what top-k kept (sorted), then min-p."""
+    x = logits.masked_fill(~allowed, -math.inf) / temperature
+    if top_k:
+        kth = torch.topk(x, top_k).values[..., -1:]
+        x = x.masked_fill(x < kth, -math.inf)
+    if top_p < 1:
+        probs, order = torch.softmax(x, -1).sort(descending=True)
+        drop = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reaches p
+        x = x.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+    probs = torch.softmax(x, -1)
+    if min_p:
+        probs = probs.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, 0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _chi2_critical(df: int, z: float = 3.72) -> float:
+    """Wilson–Hilferty's upper quantile of chi-square (z = 3.72: p = 1e-4)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_reference_greedy_is_the_masked_argmax():
+    rng = np.random.default_rng(0)
+    rows, vocab = 64, 1000
+    logits = rng.normal(size=(rows, vocab)).astype(np.float32) * 3
+    allowed = rng.random((rows, vocab)) < 0.3
+    tokens, logprobs = _native.reference_masked_sample(logits, _pack(allowed), **_params(rows, 0.0))
+    masked = torch.from_numpy(logits).masked_fill(~torch.from_numpy(allowed), -math.inf)
+    assert (tokens == masked.argmax(-1).numpy()).all()
+    want = torch.log_softmax(masked, -1).gather(1, torch.from_numpy(tokens)[:, None])[:, 0]
+    assert np.abs(logprobs - want.numpy()).max() < 1e-5
+    # nothing allowed: no token
+    none = np.zeros((1, vocab), bool)
+    assert _native.reference_masked_sample(logits[:1], _pack(none), **_params(1, 0.0))[0][0] == -1
+
+
+@pytest.mark.parametrize("knobs", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
+                                   dict(temperature=1.3, top_p=0.8), dict(temperature=1.0, min_p=0.1),
+                                   dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02)],
+                         ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_reference_draws_follow_the_filtered_distribution(knobs):
+    """40,000 seeded draws of one masked row (each its own step) against
+    the distribution torch computes: chi-square at p = 1e-4; masked and
+    filtered-out tokens never drawn; each draw's logprob is its token's."""
+    rng = np.random.default_rng(1)
+    vocab, draws = 80, 40_000
+    row = (rng.normal(size=vocab) * 1.5).astype(np.float32)
+    allowed = rng.random(vocab) < 0.6
+    probs = _filtered(torch.from_numpy(row)[None], torch.from_numpy(allowed)[None],
+                      knobs.get("temperature"), knobs.get("top_k", 0), knobs.get("top_p", 1.0),
+                      knobs.get("min_p", 0.0))[0].double().numpy()
+    params = _params(draws, **knobs, seed=7)
+    tokens, logprobs = _native.reference_masked_sample(np.repeat(row[None], draws, 0),
+                                                       np.repeat(_pack(allowed[None]), draws, 0), **params)
+    counts = np.bincount(tokens, minlength=vocab)
+    assert counts[probs == 0].sum() == 0, "a masked or filtered-out token was drawn"
+    support = probs > 0
+    expected = probs[support] * draws
+    chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
+    assert chi2 < _chi2_critical(int(support.sum()) - 1), (chi2, int(support.sum()))
+    assert np.abs(logprobs - np.log(probs[tokens])).max() < 1e-4
+    again = _native.reference_masked_sample(np.repeat(row[None], 100, 0), np.repeat(_pack(allowed[None]), 100, 0),
+                                            **_params(100, **knobs, seed=7))[0]
+    assert (again == tokens[:100]).all(), "a seeded draw did not repeat"
+
+
+def test_reference_on_a_large_vocabulary():
+    """152k tokens (a Qwen vocabulary), a grammar-like mask of a few hundred
+    tokens: top-k/top-p cuts land where torch's do."""
+    rng = np.random.default_rng(2)
+    vocab = 152_064
+    row = rng.normal(size=vocab).astype(np.float32) * 4
+    allowed = np.zeros(vocab, bool)
+    allowed[rng.choice(vocab, 300, replace=False)] = True
+    for knobs in (dict(top_k=20), dict(top_p=0.5)):
+        probs = _filtered(torch.from_numpy(row)[None], torch.from_numpy(allowed)[None], 1.0,
+                          knobs.get("top_k", 0), knobs.get("top_p", 1.0), 0.0)[0].numpy()
+        tokens, _ = _native.reference_masked_sample(np.repeat(row[None], 2000, 0),
+                                                    np.repeat(_pack(allowed[None]), 2000, 0),
+                                                    **_params(2000, **knobs, seed=3))
+        assert set(tokens.tolist()) <= set(np.flatnonzero(probs > 0).tolist())
+        assert len(set(tokens.tolist())) > 1
+
+
+# -- the launchers' checks, on any machine ------------------------------------
+
+def _fake(shape, dtype="torch.float32", device="cuda:0", contiguous=True):
+    """A tensor as the launchers see it, for a device this machine may not have."""
+    return (0, list(shape), dtype, device, contiguous)
+
+
+def test_launchers_refuse_bad_calls_before_launching():
+    q, kc = _fake([2, 8, 64]), _fake([10, 16, 2, 64])
+    tables, lens = _fake([2, 4], "torch.int32"), _fake([2], "torch.int32")
+    cases = [
+        ((_fake([2, 8, 64], device="cpu"), kc, kc, tables, lens, q), "q: must be on a CUDA device"),
+        ((q, _fake([10, 16, 2, 64], "torch.float16"), kc, tables, lens, q), "k_cache: must be torch.float32"),
+        ((q, kc, kc, _fake([3, 4], "torch.int32"), lens, q), "block_tables: has shape [3, 4]"),
+        ((q, kc, kc, tables, _fake([2], "torch.int64"), q), "context_lens: must be torch.int32"),
+        ((q, kc, kc, tables, lens, _fake([2, 8, 64], device="cuda:1")), "out: is on cuda:1"),
+        ((q, kc, kc, tables, lens, _fake([2, 8, 64], contiguous=False)), "out: must be contiguous"),
+        ((_fake([2, 7, 64]), kc, kc, tables, lens, _fake([2, 7, 64])), "multiple of kv_heads"),
+        ((_fake([2, 8, 80]), _fake([10, 16, 2, 80]), _fake([10, 16, 2, 80]), tables, lens,
+          _fake([2, 8, 80])), "head size 80"),
+        ((_fake([2, 8, 64], "torch.int8"), _fake([10, 16, 2, 64], "torch.int8"),
+          _fake([10, 16, 2, 64], "torch.int8"), tables, lens, _fake([2, 8, 64], "torch.int8")), "torch.int8"),
+    ]
+    for args, needle in cases:
+        with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            _native.cuda_paged_decode(*args, 0.125, 0)
+    rows = [_fake([4], t) for t in ("torch.float32", "torch.int32", "torch.float32", "torch.float32",
+                                     "torch.int64", "torch.int64", "torch.int64", "torch.float32")]
+    with pytest.raises(ValueError, match="mask: 3 words per row; 100 tokens need 4"):
+        _native.cuda_masked_sample(_fake([4, 100]), _fake([4, 3], "torch.int32"), *rows, 0)
+    with pytest.raises(ValueError, match="logits: must be torch.float32"):
+        _native.cuda_masked_sample(_fake([4, 100], "torch.float16"), None, *rows, 0)
+    with pytest.raises(ValueError, match="top_k: has shape"):
+        _native.cuda_masked_sample(_fake([4, 100]), None, rows[0], _fake([5], "torch.int32"), *rows[2:], 0)
+    with pytest.raises(ValueError, match="row 1: top_p must be in"):
+        _native.check_sample_params(100, None, np.ones(2, np.float32), np.zeros(2, np.int32),
+                                    np.array([1.0, 0.0], np.float32), np.zeros(2, np.float32))
+    # torch tensors off the GPU, through the Python layer
+    with pytest.raises(ValueError, match="must be on a CUDA device"):
+        cuda_ops.masked_sample(torch.zeros(2, 100), None, [1, 1], [0, 0], [1, 1], [0, 0], [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="slots: must be torch.int64"):
+        _native.cuda_write_kv(_fake([3, 2, 64]), _fake([3, 2, 64]), kc, kc, _fake([3], "torch.int32"), 0)
+    if not GPU:
+        # a call that passes every check gets the reason the kernels cannot run here
+        with pytest.raises(RuntimeError, match=WHY_NOT.split(" (")[0]):
+            _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0)
+
+
+# -- on a GPU -----------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-3), (torch.float16, 2e-2),
+                                              (torch.bfloat16, 2e-2)], ids=str)
+def test_gpu_decode_matches_torch(dtype, tolerance):
+    for i, (seqs, heads, kv, head, bs, lens) in enumerate(SHAPES):
+        q, kc, vc, tables, ctx = _paged_case(seqs, heads, kv, head, bs, lens, dtype, seed=i)
+        scale = head ** -0.5
+        got = cuda_ops.paged_decode(q.cuda(), kc.cuda(), vc.cuda(), tables.cuda(), ctx.cuda(), scale)
+        want = _torch_decode(q, kc, vc, tables, ctx, scale)
+        assert (got.float().cpu() - want).abs().max() < tolerance, i
+
+
+@needs_gpu
+def test_gpu_write_kv_matches_index_copy():
+    kc = torch.zeros(6, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    k, v = torch.randn(5, 2, 64, device="cuda").bfloat16(), torch.randn(5, 2, 64, device="cuda").bfloat16()
+    slots = torch.tensor([3, 17, 40, -1, 95], device="cuda")
+    cuda_ops.write_kv(k, v, kc, vc, slots)
+    keep = slots >= 0
+    assert torch.equal(kc.view(-1, 2, 64)[slots[keep]], k[keep])
+    assert torch.equal(vc.view(-1, 2, 64)[slots[keep]], v[keep])
+
+
+@needs_gpu
+def test_gpu_sampling_matches_the_reference():
+    """Greedy is the masked argmax exactly; seeded draws are the
+    reference's (same random numbers) and repeat."""
+    rng = np.random.default_rng(5)
+    rows, vocab = 256, 152_064
+    logits = (rng.normal(size=(rows, vocab)) * 3).astype(np.float32)
+    mask = _pack(rng.random((rows, vocab)) < 0.01)
+    for knobs in (dict(temperature=0.0), dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.01)):
+        params = _params(rows, **knobs, seed=11)
+        want, want_lp = _native.reference_masked_sample(logits, mask, **params)
+        got, got_lp = cuda_ops.masked_sample(torch.from_numpy(logits).cuda(), torch.from_numpy(mask).cuda(),
+                                             **params)
+        assert (got.cpu().numpy() == want).mean() > 0.99, knobs  # exp/log last-bit ties aside
+        assert np.abs(got_lp.cpu().numpy() - want_lp).max() < 1e-3
+        again, _ = cuda_ops.masked_sample(torch.from_numpy(logits).cuda(), torch.from_numpy(mask).cuda(),
+                                          **params)
+        assert torch.equal(again, got)
