@@ -226,6 +226,13 @@ def test_launchers_refuse_bad_calls_before_launching():
     # torch tensors off the GPU, through the Python layer
     with pytest.raises(ValueError, match="must be on a CUDA device"):
         cuda_ops.masked_sample(torch.zeros(2, 100), None, [1, 1], [0, 0], [1, 1], [0, 0], [0, 0], [0, 0])
+    entry = _fake([3], "torch.int32")
+    with pytest.raises(ValueError, match="bias: must be torch.float32"):
+        _native.cuda_adjust_logits(_fake([4, 100]), entry, entry, entry, entry, entry,
+                                   *[_fake([4])] * 3, 0)
+    with pytest.raises(ValueError, match="presence: has shape"):
+        _native.cuda_adjust_logits(_fake([4, 100]), entry, entry, entry, entry, _fake([3]),
+                                   _fake([4]), _fake([4]), _fake([5]), 0)
     with pytest.raises(ValueError, match="slots: must be torch.int64"):
         _native.cuda_write_kv(_fake([3, 2, 64]), _fake([3, 2, 64]), kc, kc, _fake([3], "torch.int32"), 0)
     if not GPU:
@@ -278,3 +285,24 @@ def test_gpu_sampling_matches_the_reference():
         again, _ = cuda_ops.masked_sample(torch.from_numpy(logits).cuda(), torch.from_numpy(mask).cuda(),
                                           **params)
         assert torch.equal(again, got)
+
+
+@needs_gpu
+def test_gpu_adjust_logits_is_the_cpu_samplers_order():
+    """Repetition penalty (HF), then frequency and presence on output
+    counts, then bias (-inf bans), for the named tokens only."""
+    logits = torch.randn(2, 50, device="cuda")
+    before = logits.cpu().clone()
+    rows, tokens, seen, counts, bias = [0, 0, 1, 1], [3, 7, 3, 9], [1, 1, 1, 0], [2, 0, 1, 0], \
+        [0.0, 0.5, 0.0, float("-inf")]
+    cuda_ops.adjust_logits(logits, rows, tokens, seen, counts, bias, [1.3, 1.0], [0.2, 0.1], [0.5, 0.0])
+    want = before.clone()
+    for r, t, s, c, b in zip(rows, tokens, seen, counts, bias):
+        v = before[r, t].item()
+        if s:
+            rp = [1.3, 1.0][r]
+            v = v / rp if v > 0 else v * rp
+        if c:
+            v -= [0.2, 0.1][r] * c + [0.5, 0.0][r]
+        want[r, t] = v + b
+    assert torch.allclose(logits.cpu(), want)  # equal infinities count as close

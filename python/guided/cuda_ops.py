@@ -79,3 +79,22 @@ def masked_sample(logits: torch.Tensor, mask: torch.Tensor | None, temperature, 
                                _arg(dev["seeds"]), _arg(dev["steps"]), _arg(tokens), _arg(logprobs),
                                _stream(logits))
     return tokens, logprobs
+
+
+def adjust_logits(logits: torch.Tensor, rows, tokens, seen, counts, bias, repetition, frequency,
+                  presence) -> None:
+    """Penalties, logit bias and bans, in place on ``logits`` [rows, vocab]
+    (float32, on the GPU), in the CPU sampler's order: one entry per
+    distinct (row, token) with whether the token was seen (prompt or
+    output), its output count and its bias (-inf bans); per-row repetition,
+    frequency and presence penalties. Host values, copied over."""
+    device = logits.device
+    entries = [torch.as_tensor(np.asarray(v, dtype)).to(device)
+               for v, dtype in ((rows, np.int32), (tokens, np.int32), (seen, np.int32), (counts, np.int32),
+                                (bias, np.float32))]
+    per_row = [torch.as_tensor(np.asarray(v, np.float32)).to(device) for v in (repetition, frequency, presence)]
+    if entries[1].numel() and int(entries[1].max()) >= logits.shape[-1] or \
+            entries[0].numel() and int(entries[0].max()) >= logits.shape[0]:
+        raise ValueError("adjust_logits: an entry names a row or token outside the logits")
+    _native.cuda_adjust_logits(_arg(logits), *(_arg(t) for t in entries), *(_arg(t) for t in per_row),
+                               _stream(logits))
