@@ -10,13 +10,21 @@ once per forward in an AttentionPlan and reused by every layer.
 Grouped-query attention is done without copying K/V per query head: the g query
 heads that share a kv head are stacked as extra query rows of that kv head, so
 SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
+
+On a CUDA device where our kernels can run (guided.cuda_ops), a decode-only
+step reads the paged cache in place with cuda/paged_attention.cu instead of
+gathering it, and new K/V rows are written by its write kernel; prefill
+stays with SDPA over the gathered blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 import torch.nn.functional as F
+
+from .. import cuda_ops
 
 
 @dataclass
@@ -63,6 +71,11 @@ class AttentionPlan:
         self.slot_mapping = attn.slot_mapping.to(device=device, dtype=torch.long)
         self.decode: _DecodeGroup | None = None
         self.prefills: list[_PrefillChunk] = []
+        #: (block tables, context lengths) as int32 for the CUDA decode kernel
+        self.kernel_decode: tuple[torch.Tensor, torch.Tensor] | None = None
+        if attn.is_decode_only and _cuda_kernels(device):
+            self.kernel_decode = (attn.block_tables.to(device=device, dtype=torch.int32),
+                                  attn.context_lens.to(device=device, dtype=torch.int32))
         tables = attn.block_tables.to(device=device, dtype=torch.long)
         lens = attn.context_lens.to(device=device, dtype=torch.long)
         if attn.is_decode_only:
@@ -98,9 +111,19 @@ class AttentionPlan:
                 lens.index_select(0, seqs), max(ctx_lens[i] for i in decode_seqs))
 
 
+@cache
+def _cuda_kernels(device: torch.device) -> bool:
+    """Whether our CUDA kernels run on ``device`` (checked once per device)."""
+    return device.type == "cuda" and cuda_ops.status()[0]
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              plan: AttentionPlan) -> None:
     """Scatter the new tokens' K/V ([T, kv, d]) into their cache slots."""
+    if _cuda_kernels(k_cache.device):
+        cuda_ops.write_kv(k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous(),
+                          k_cache, v_cache, plan.slot_mapping)
+        return
     kv, d = k_cache.shape[-2:]
     k_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
@@ -113,6 +136,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if q.dtype != k_cache.dtype:
         return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scale).to(q.dtype)
     t, h, d = q.shape
+    if plan.kernel_decode is not None and d in (64, 128):
+        tables, lens = plan.kernel_decode
+        return cuda_ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, scale).view(t, h * d)
     group = plan.decode
     if group is not None and group.rows is None:
         return _decode(q, k_cache, v_cache, group, scale)
