@@ -1165,6 +1165,23 @@ mod tests {
         }
 
         #[test]
+        fn a_reasoning_end_not_allowed_at_its_length_comes_a_token_later() {
+            // At the budget the text is half of a pair ("a" of "ac"), as a
+            // UTF-8 character half written byte by byte (its second byte
+            // not forced: "c" or "d" may follow): the end comes once the
+            // pair is whole.
+            let (think, end) = (special("<think>"), special("</think>"));
+            let g = lark(&format!("start: <[{think}]> /([ab][cd])*/ <[{end}]> \"ok\""));
+            let steering = Steering { close_on_length: false, reasoning_end: Some((end, 4)) };
+            let (a, c) = (tok("a"), tok("c"));
+            // (the grammar forces the block's start: the script is what follows)
+            let script: Vec<u32> = [a, c].into_iter().cycle().take(40).collect();
+            let (toks, reason, _) = steered_run(&g, 20, steering, &script);
+            assert_eq!(toks, vec![think, a, c, a, c, end, tok("o"), tok("k")]);
+            assert_eq!(reason, Some(FinishReason::Stop));
+        }
+
+        #[test]
         fn a_budget_below_the_shortest_output_is_an_error() {
             let (_, reason, error) = closed_run(&object_schema(), 5, tok("a"));
             assert_eq!(reason, Some(FinishReason::Error));

@@ -412,15 +412,22 @@ impl Sequence {
     }
 
     /// The token to append: the reasoning block's end instead of the
-    /// sampled one once the block has had its budget (checked once, at that
-    /// length: a block not open then, or already ended, is left alone).
+    /// sampled one once the block has had its budget. Where the grammar does
+    /// not allow the end at that length (the text ends inside a UTF-8
+    /// character written byte by byte), it is tried again for a few tokens;
+    /// a block already ended, or never open, is then left alone.
     fn end_reasoning_if_spent(&self, c: &mut Constraint, token: i64) -> i64 {
+        /// Tokens a character split into bytes may still take to complete.
+        const RETRIES: usize = 8;
         let Some((end, at)) = c.reasoning_end else { return token };
-        if self.num_output_tokens() < at || token < 0 {
+        let n = self.num_output_tokens();
+        if n < at || token < 0 {
             return token;
         }
-        c.reasoning_end = None;
         let allowed = c.matcher.as_ref().is_some_and(|m| m.clone().try_consume(&[end]) == Ok(1));
+        if allowed || token == i64::from(end) || n >= at + RETRIES {
+            c.reasoning_end = None;
+        }
         if allowed {
             i64::from(end)
         } else {
