@@ -188,6 +188,34 @@ def test_responses_tool_loop_hits_the_cache(oai):
         client.responses.create(previous_response_id="resp_unknown", input="hi", **common)
 
 
+def test_responses_store_item_reference_and_delete(oai):
+    """store=False keeps nothing; an item_reference stands for the stored
+    item itself (same prompt as the item sent in full); a deleted response
+    and its items are gone."""
+    client, model = oai
+    unkept = client.responses.create(model=model, input="Say hi", store=False, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+    common = dict(model=model, instructions=SYSTEM, tools=TOOLS, parallel_tool_calls=False,
+                  max_output_tokens=48, **GREEDY)
+    first = client.responses.create(input=ASK, tool_choice="required", **common)
+    call = next(o for o in first.output if o.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21}'}
+    by_reference = client.responses.create(
+        input=[{"role": "user", "content": ASK}, {"type": "item_reference", "id": call.id}, result],
+        tool_choice="none", **common)
+    in_full = client.responses.create(
+        input=[{"role": "user", "content": ASK}, call.model_dump(exclude_none=True), result],
+        tool_choice="none", **common)
+    assert by_reference.usage.input_tokens == in_full.usage.input_tokens
+    assert by_reference.output_text == in_full.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(input=[{"type": "item_reference", "id": call.id}], **common)
+
+
 def test_responses_reasoning_item_then_answer(thinker):
     client, _, model = thinker
     args = dict(model=model, input="What is 2 + 2?", reasoning={"effort": "low"},
