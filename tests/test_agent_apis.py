@@ -386,6 +386,33 @@ def test_one_conversation_one_prompt_through_three_apis(server, oai, claude):
         assert cached >= 0.95 * prompt, (cached, prompt)
 
 
+def test_render_endpoints_give_the_prompt_tokens(server, oai):
+    """vLLM's render endpoints (what vllm-router's cache-aware routing reads):
+    the token ids each request's prompt renders to, nothing generated."""
+    client, model = oai
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ASK}]
+    chat_tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}
+                  for t in TOOLS]
+    body = {"model": model, "messages": messages, "tools": chat_tools, "max_tokens": 1}
+    status, _, text = post(server + "/v1/chat/completions/render", json.dumps(body).encode(), API_KEY)
+    assert status == 200, text
+    ids = json.loads(text)["token_ids"]
+    answered = client.chat.completions.create(**body)
+    assert len(ids) == answered.usage.prompt_tokens
+    status, _, text = post(server + "/v1/responses/render", json.dumps(
+        {"model": model, "instructions": SYSTEM, "input": ASK, "tools": TOOLS}).encode(), API_KEY)
+    assert status == 200 and json.loads(text)["token_ids"] == ids, text
+    for prompt, count in (("Hello there", 1), ([1, 2, 3], 1), (["a", "b c"], 2)):
+        status, _, text = post(server + "/v1/completions/render", json.dumps(
+            {"model": model, "prompt": prompt}).encode(), API_KEY)
+        rows = [r["token_ids"] for r in json.loads(text)]
+        assert status == 200 and len(rows) == count and all(rows), text
+        assert prompt != [1, 2, 3] or rows == [[1, 2, 3]]
+    status, _, text = post(server + "/v1/chat/completions/render", json.dumps(
+        {"model": "nope", "messages": messages}).encode(), API_KEY)
+    assert status == 404, text
+
+
 def test_openai_agents_default_model(server, oai):
     """openai-agents' OpenAIResponsesModel: a function-tool loop (the call,
     its output sent back, the answer) and a run with an output_type. The

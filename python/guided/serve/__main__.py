@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -12,6 +13,7 @@ from guided import LLM
 
 from .admission import ConstraintPolicy
 from .app import DEFAULT_MAX_QUEUE, create_app
+from .fleet import run_fleet
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -25,9 +27,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help="where the model runs. cuda today: the torch model and its torch paged "
-                         "attention on the GPU, the logits copied to the host for the CPU "
-                         "sampler (guided's CUDA kernels are not built yet)")
+                    help="where the model runs. cuda today: the torch model on the GPU, decode "
+                         "attention and the KV write in guided's CUDA kernels (not yet checked "
+                         "on a GPU), the logits copied to the host for the CPU sampler")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
@@ -53,14 +55,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                     help="sequences that may wait beyond --max-num-seqs running ones; "
                          "more get 503 with Retry-After")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="run N engine processes on loopback ports behind vllm-router on "
+                         "--host/--port (guided/serve/fleet.py)")
+    ap.add_argument("--router-policy", default="cache_aware",
+                    choices=["cache_aware", "round_robin", "power_of_two", "random"],
+                    help="how vllm-router picks a replica (with --replicas)")
     ap.add_argument("--log-level", default="info")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.replicas < 1:
+        ap.error("--replicas must be at least 1")
+    return args
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas > 1:
+        run_fleet(args, argv)
+        return
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,

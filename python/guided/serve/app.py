@@ -1,6 +1,8 @@
 """The HTTP API: OpenAI's /v1/completions, /v1/chat/completions and
 /v1/responses, Anthropic's /v1/messages (and /v1/messages/count_tokens), our
-/v1/grammar, and /v1/models, /health and /metrics."""
+/v1/grammar, vLLM's render endpoints (each of the three OpenAI paths plus
+/render: the prompt's token ids, for cache-aware routers), and /v1/models,
+/health and /metrics."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -10,18 +12,19 @@ from prometheus_client import generate_latest
 from ..llm import LLM
 from .admission import Admission, ConstraintPolicy
 from .async_engine import AsyncEngine
-from .chat import create_chat_completion
-from .completions import create_completion
+from .chat import chat_completion_plan, create_chat_completion, rendered
+from .completions import create_completion, render_completion
 from .errors import APIError, error_response, install_handlers
 from .messages import CountTokensRequest, MessagesRequest, count_tokens, create_message
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, GrammarRequest
-from .responses import ResponsesRequest, ResponseStore, create_response
+from .responses import ResponsesRequest, ResponseStore, create_response, response_plan
 from .state import ServerState
 
 DEFAULT_MAX_QUEUE = 1024
 _PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-          "/v1/grammar", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
+          "/v1/grammar", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/completions/render", "/v1/chat/completions/render", "/v1/responses/render"}
 
 
 class KeyAndCount:
@@ -101,11 +104,27 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(s, body, request.is_disconnected)
 
+    # The prompt a request renders to, as token ids, nothing generated (vLLM's
+    # render endpoints): what a cache-aware router (vllm-router) matches.
+    @app.post("/v1/completions/render")
+    async def completions_render(body: CompletionRequest):
+        return render_completion(s, body)
+
+    @app.post("/v1/chat/completions/render")
+    async def chat_completions_render(body: ChatCompletionRequest):
+        plan = await chat_completion_plan(s, body)
+        return rendered(s, "chatcmpl-", body.model, plan.prompt_ids)
+
     store = ResponseStore()
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request):
         return await create_response(s, store, body, request.is_disconnected)
+
+    @app.post("/v1/responses/render")
+    async def responses_render(body: ResponsesRequest):
+        plan, _ = await response_plan(s, store, body)
+        return rendered(s, "resp_", body.model, plan.prompt_ids)
 
     @app.get("/v1/responses/{response_id}")
     async def stored_response(response_id: str):

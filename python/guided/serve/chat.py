@@ -10,6 +10,7 @@ logprobs."""
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
@@ -81,15 +82,27 @@ def sampling_params(body, s: ServerState) -> tuple[SamplingParams, bool]:
     return body.sampling_params(given or s.max_model_len), given is not None
 
 
-async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
-                                 disconnected=None):
+async def chat_completion_plan(s: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     s.check_model(body.model)
     messages = [m.as_template_input() for m in body.messages]
     so = s.policy.structured_outputs(body.structured_outputs)
     options = body.chat_options(so, tool_grammar=s.enable_tool_grammar)
     params, given = sampling_params(body, s)
-    plan = await plan_chat(s, messages, options, params, given, tools=body.tools,
+    return await plan_chat(s, messages, options, params, given, tools=body.tools,
                            response_format=body.response_format, structured_outputs=so)
+
+
+def rendered(s: ServerState, prefix: str, model: str | None, token_ids: list[int]) -> dict:
+    """A render endpoint's answer (vLLM's shape): the prompt's token ids,
+    which a cache-aware router such as vllm-router matches between
+    requests."""
+    return {"request_id": f"{prefix}{uuid.uuid4().hex}", "model": model or s.model_names[0],
+            "token_ids": list(token_ids)}
+
+
+async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
+                                 disconnected=None):
+    plan = await chat_completion_plan(s, body)
     n = body.n
     chat = await open_chat(s, plan, n, "chat", "chatcmpl-")
     head = {"id": chat.run.request_id, "created": int(time.time()),

@@ -6,22 +6,34 @@ import time
 from .logprobs import completion_logprobs, ranked
 from .protocol import CompletionRequest
 from .runs import Job
+from .chat import rendered
 from .state import ServerState, respond, usage
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
-async def create_completion(s: ServerState, body: CompletionRequest,
-                            disconnected=None):
+def _encoded(s: ServerState, body: CompletionRequest) -> list[list[int]]:
+    """Each prompt's token ids, checked against the context."""
     s.check_model(body.model)
     body.check()
-    so = s.policy.structured_outputs(body.structured_outputs)
-    s.policy.check_size(structured_outputs=so)
-    prompts = body.prompts()
-    encoded = [s.llm.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    encoded = [s.llm.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in body.prompts()]
     for i, ids in enumerate(encoded):
         s.check_context(len(ids), body.requested_max_tokens(),
                         f"prompt[{i}]: " if len(encoded) > 1 else "")
+    return encoded
+
+
+def render_completion(s: ServerState, body: CompletionRequest) -> list[dict]:
+    """/v1/completions/render: each prompt's token ids, nothing generated."""
+    return [rendered(s, "cmpl-", body.model, ids) for ids in _encoded(s, body)]
+
+
+async def create_completion(s: ServerState, body: CompletionRequest,
+                            disconnected=None):
+    encoded = _encoded(s, body)
+    so = s.policy.structured_outputs(body.structured_outputs)
+    s.policy.check_size(structured_outputs=so)
+    prompts = body.prompts()
     grammar = await s.constraint_grammar(so)
     n = body.n
     jobs = [Job(ids, body.sampling_params(DEFAULT_MAX_TOKENS, j), grammar, group=p)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..chat import ChatOptions
 from ..chat.parser import ChatResponse
+from ..chat.request import ChatPlan
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .blocks import Block, Blocks, Event
@@ -340,8 +341,9 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-async def create_response(s: ServerState, store: ResponseStore, body: ResponsesRequest,
-                          disconnected=None):
+async def response_plan(s: ServerState, store: ResponseStore, body: ResponsesRequest
+                        ) -> tuple[ChatPlan, list[dict]]:
+    """The chat plan of a Responses request, and the conversation it continues."""
     s.check_model(body.model)
     body.check()
     messages = conversation(body, store)
@@ -351,6 +353,12 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
     params = body.sampling_params(body.max_output_tokens or s.max_model_len)
     plan = await plan_chat(s, system + messages, options, params, given,
                            tools=body.tools, text=body.text)
+    return plan, messages
+
+
+async def create_response(s: ServerState, store: ResponseStore, body: ResponsesRequest,
+                          disconnected=None):
+    plan, messages = await response_plan(s, store, body)
     chat = await open_chat(s, plan, 1, "responses", "resp_")
     items = _Items()
     created = time.time()

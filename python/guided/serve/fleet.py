@@ -1,0 +1,138 @@
+"""`python -m guided.serve --replicas N`: N engine processes on loopback
+ports behind vllm-router (PyPI; Rust), which keeps each conversation on the
+replica whose prefix cache holds it (its cache_aware policy: the replica
+whose past requests share the longest prefix with this one).
+
+This process only starts and watches: the replicas are `python -m
+guided.serve` with the same options, the router listens on --host/--port.
+SIGTERM or SIGINT stops them all; the replicas are also told to stop if this
+process dies (PR_SET_PDEATHSIG), so none is left behind. A replica that
+exits is logged and the router's health check takes it out; the others keep
+serving. If the router exits, everything stops.
+
+What the router does not do: move KV between replicas (a conversation that
+lands on another replica recomputes its prompt there), or share the
+Responses API's stored responses (each replica keeps its own: with several
+replicas, send the conversation again rather than previous_response_id).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger("guided.serve.fleet")
+
+#: options of this process that the replicas do not get
+FLEET_OPTIONS = {"--replicas": True, "--router-policy": True, "--host": True, "--port": True}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def replica_argv(argv: list[str]) -> list[str]:
+    """The command line without the fleet's own options (``--x v`` or ``--x=v``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in FLEET_OPTIONS:
+            skip = "=" not in arg and FLEET_OPTIONS[name]
+            continue
+        out.append(arg)
+    return out
+
+
+def _die_with_parent() -> None:
+    """In a child: SIGTERM when this (the parent) process dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def router_command() -> str:
+    found = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+    if not os.path.exists(found):
+        raise SystemExit("--replicas needs vllm-router (pip install vllm-router; make setup installs it)")
+    return found
+
+
+def run_fleet(args, argv: list[str]) -> None:
+    router = router_command()
+    ports = [_free_port() for _ in range(args.replicas)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    rest = replica_argv(argv)
+    env = dict(os.environ)
+    # the replicas share this machine's cores: one torch thread pool each, split
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.replicas)))
+    procs: list[subprocess.Popen] = []
+
+    def stop(signum=None, _frame=None, code: int = 0):
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.time() + 20
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        sys.exit(code)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for port in ports:
+        procs.append(subprocess.Popen([sys.executable, "-m", "guided.serve", *rest, "--host", "127.0.0.1",
+                                       "--port", str(port)], env=env, preexec_fn=_die_with_parent))
+    log.info("starting %d replicas on %s", len(ports), ", ".join(urls))
+    while not all(_healthy(u) for u in urls):
+        if any(p.poll() is not None for p in procs):
+            log.error("a replica exited while starting; stopping the fleet")
+            stop(code=1)
+        time.sleep(0.5)
+    procs.append(subprocess.Popen(
+        [router, "--worker-urls", *urls, "--policy", args.router_policy, "--host", args.host,
+         "--port", str(args.port),
+         # a replica that stops answering is out within seconds: two failed requests open its
+         # circuit breaker (the router retries elsewhere), two failed health checks 3 s apart
+         # take it out; a busy one has 5 s to answer a health check
+         "--cb-failure-threshold", "2", "--health-check-interval-secs", "3", "--health-failure-threshold", "2",
+         # the router's own Prometheus exporter, on a free loopback port (its default may be taken)
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+         "--log-level", "warning" if args.log_level.lower() == "warning" else "info"],
+        preexec_fn=_die_with_parent))
+    log.info("vllm-router (%s) on http://%s:%d/v1 in front of them", args.router_policy, args.host, args.port)
+    reported: set[int] = set()
+    while True:
+        time.sleep(1)
+        if procs[-1].poll() is not None:
+            log.error("vllm-router exited with %s; stopping the replicas", procs[-1].returncode)
+            stop(code=1)
+        for i, p in enumerate(procs[:-1]):
+            if p.poll() is not None and i not in reported:
+                reported.add(i)
+                log.error("replica %d (%s) exited with %s; the router takes it out, the others keep "
+                          "serving", i, urls[i], p.returncode)
