@@ -1,7 +1,7 @@
 """The OpenAI server under concurrent streaming clients, one run:
 
     python benches/bench_serve.py [--clients 1 8 32] [--requests 32] [--max-tokens 64]
-                                  [--no-peer] [--json PATH]
+                                  [--no-peer] [--replicas N] [--json PATH]
 
 Starts ``python -m guided.serve`` (default model, default dtype) and, unless
 --no-peer, the pure-Python stack a user would otherwise glue together:
@@ -20,6 +20,15 @@ For each concurrency N, N clients each send requests back to back until
 output tokens/s over the wall time, time to first token p50/p99, and
 inter-token latency p50/p99 (gaps between streamed chunks, per token), then
 guided/peer throughput ratios.
+
+With --replicas N, the same workloads also run through `--replicas N`
+(vllm-router's cache_aware policy in front of N engine processes) and the
+throughput ratio to one replica is printed; then 8 three-turn tool
+conversations (distinct long system prompts) run concurrently through the
+fleet under cache_aware and under round_robin routing, and the share of
+turn 2-3 prompt tokens found in the prefix cache is printed for each. On one
+machine the replicas share its cores: this measures the router's overhead
+and its routing, not added compute.
 """
 from __future__ import annotations
 
@@ -34,7 +43,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.live_server import running_server  # noqa: E402
-from machine import write_json  # noqa: E402
+from machine import cpu_flags, write_json  # noqa: E402
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 30}, "age": {"type": "integer", "minimum": 0,
@@ -135,19 +144,70 @@ def measure(name: str, server: str, base: str, workloads: list[str], args) -> di
     return table
 
 
+async def conversation_hits(base: str, conversations: int = 8) -> float:
+    """Cached share of the prompt tokens of turns 2 and 3 of concurrent
+    three-turn tool conversations."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=3600)
+    model = (await client.models.list()).data[0].id
+
+    async def one(i: int) -> tuple[int, int]:
+        messages = [{"role": "system", "content": f"You help traveller number {i}. " * 40},
+                    {"role": "user", "content": f"What is the weather where {SUBJECTS[i % 8]} lives?"}]
+        cached = prompt = 0
+        for turn, choice in enumerate(("required", "required", "none")):
+            out = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+                                                       tool_choice=choice, max_tokens=48, temperature=0)
+            if turn:
+                cached += out.usage.prompt_tokens_details.cached_tokens
+                prompt += out.usage.prompt_tokens
+            if choice == "required":
+                call = out.choices[0].message.tool_calls[0]
+                messages += [out.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]
+        return cached, prompt
+
+    counts = await asyncio.gather(*(one(i) for i in range(conversations)))
+    await client.close()
+    return sum(c for c, _ in counts) / sum(p for _, p in counts)
+
+
+def fleet(args, ours: dict) -> list[dict]:
+    """--replicas N against one replica: throughput, then cache hits by policy."""
+    label = f"guided×{args.replicas}"
+    with running_server("--replicas", str(args.replicas), "--max-num-seqs", "64") as base:
+        theirs = measure(label, f"guided, {args.replicas} replicas + vllm-router", base, list(WORKLOADS), args)
+        hits = {"cache_aware": asyncio.run(conversation_hits(base))}
+    with running_server("--replicas", str(args.replicas), "--router-policy", "round_robin") as base:
+        hits["round_robin"] = asyncio.run(conversation_hits(base))
+    print(f"\nthroughput {label} (one machine's cores shared) / one replica:")
+    for key, r in theirs.items():
+        print(f"  {key[0]:5} N={key[1]:<3} {r['tok_s'] / ours[key]['tok_s']:6.2f}x")
+    print("prefix-cache hits on turns 2-3 of 8 concurrent tool conversations:")
+    for policy, share in hits.items():
+        print(f"  {policy:12} {share:6.1%}")
+    return [*theirs.values(), *({"server": label, "router_policy": p, "turn2_3_cached_share": h}
+                                for p, h in hits.items())]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--requests", type=int, default=32, help="requests per (workload, N)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--replicas", type=int, default=0,
+                    help="also run through --replicas N behind vllm-router (and compare routing)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
+    print("CPU:", cpu_flags())
     print(f"{'server':8} {'load':5} {'N':>3} {'tok/s':>9} {'ttft p50':>9} {'ttft p99':>9} "
           f"{'itl p50':>8} {'itl p99':>8}   (ms)")
     with running_server("--max-num-seqs", "64") as base:
         ours = measure("guided", "guided", base, list(WORKLOADS), args)
-    write_json(args.json, "bench_serve", args, list(ours.values()))  # kept should the peer fail
+    rows = list(ours.values())
+    if args.replicas > 1:
+        rows += fleet(args, ours)
+    write_json(args.json, "bench_serve", args, rows)  # kept should the peer fail
     if args.no_peer:
         return
     peer_cmd = [sys.executable, str(Path(__file__).parent / "peers" / "hf_server.py")]
@@ -156,7 +216,7 @@ def main() -> None:
     print("\nthroughput guided / transformers+xgrammar:")
     for key, r in theirs.items():
         print(f"  {key[0]:5} N={key[1]:<3} {ours[key]['tok_s'] / r['tok_s']:6.2f}x")
-    write_json(args.json, "bench_serve", args, [*ours.values(), *theirs.values()])
+    write_json(args.json, "bench_serve", args, [*rows, *theirs.values()])
 
 
 if __name__ == "__main__":
