@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
@@ -52,7 +52,13 @@ fn check(result: sys::CUresult, what: &str) -> Result<(), String> {
 }
 
 /// Ok when a CUDA driver is present and sees a device; else why not.
+/// Probed once per process (every launch asks).
 pub fn available() -> Result<(), String> {
+    static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBED.get_or_init(probe).clone()
+}
+
+fn probe() -> Result<(), String> {
     // SAFETY: only probes for the library; nothing is called if it is absent
     if !unsafe { sys::is_culib_present() } {
         return Err("no CUDA driver (libcuda) on this machine".into());

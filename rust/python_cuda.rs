@@ -61,6 +61,17 @@ fn expect(t: &TensorArg, name: &str, device: &str, dtype: Option<&str>, shape: &
     Ok(t.ptr())
 }
 
+/// The logits [rows, vocab] float32 of a sampling call: (device, rows,
+/// vocab, pointer); the call's other tensors must be on that device.
+fn logits_arg(logits: &TensorArg) -> PyResult<(String, usize, usize, u64)> {
+    let dev = logits.device().to_string();
+    let [rows, vocab] = logits.shape()[..] else {
+        return Err(PyValueError::new_err(format!("logits: has shape {:?}, expected [rows, vocab]", logits.shape())));
+    };
+    let ptr = expect(logits, "logits", &dev, Some("torch.float32"), &[Some(rows), Some(vocab)])?;
+    Ok((dev, rows, vocab, ptr))
+}
+
 #[cfg(feature = "cuda")]
 fn dtype_of(t: &TensorArg) -> PyResult<crate::cuda::Dtype> {
     crate::cuda::Dtype::parse(&t.dtype()).map_err(PyValueError::new_err)
@@ -240,11 +251,7 @@ pub fn cuda_masked_sample(
     logprobs: TensorArg,
     stream: u64,
 ) -> PyResult<()> {
-    let dev = logits.device().to_string();
-    let [rows, vocab] = logits.shape()[..] else {
-        return Err(PyValueError::new_err(format!("logits: has shape {:?}, expected [rows, vocab]", logits.shape())));
-    };
-    let l = expect(&logits, "logits", &dev, Some("torch.float32"), &[Some(rows), Some(vocab)])?;
+    let (dev, rows, vocab, l) = logits_arg(&logits)?;
     let (m, words) = match &mask {
         Some(t) => {
             let words = t.shape().get(1).copied().unwrap_or(0);
@@ -294,11 +301,7 @@ pub fn cuda_adjust_logits(
     presence: TensorArg,
     stream: u64,
 ) -> PyResult<()> {
-    let dev = logits.device().to_string();
-    let [nrows, vocab] = logits.shape()[..] else {
-        return Err(PyValueError::new_err(format!("logits: has shape {:?}, expected [rows, vocab]", logits.shape())));
-    };
-    let l = expect(&logits, "logits", &dev, Some("torch.float32"), &[Some(nrows), Some(vocab)])?;
+    let (dev, nrows, vocab, l) = logits_arg(&logits)?;
     let entries = rows.shape().first().copied().unwrap_or(0);
     let e = [Some(entries)];
     let r = expect(&rows, "rows", &dev, Some("torch.int32"), &e)?;

@@ -12,14 +12,14 @@ from prometheus_client import generate_latest
 from ..llm import LLM
 from .admission import Admission, ConstraintPolicy
 from .async_engine import AsyncEngine
-from .chat import chat_completion_plan, create_chat_completion, rendered
+from .chat import chat_completion_plan, create_chat_completion
 from .completions import create_completion, render_completion
 from .errors import APIError, error_response, install_handlers
 from .messages import CountTokensRequest, MessagesRequest, count_tokens, create_message
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, GrammarRequest
 from .responses import ResponsesRequest, ResponseStore, create_response, response_plan
-from .state import ServerState
+from .state import ServerState, rendered
 
 DEFAULT_MAX_QUEUE = 1024
 _PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",

@@ -10,7 +10,6 @@ logprobs."""
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
@@ -40,6 +39,11 @@ class ChatRun:
         async for i, u in self.run.updates():
             parser = self.parsers[i]
             yield i, u, parser.push(u.token_ids) + (parser.finish() if u.finished else [])
+
+    def whole(self, i: int, out: RequestOutput) -> list[ChatDelta]:
+        """Choice ``i``'s deltas at once, for an answer sent as one body (the
+        parser then holds the whole message: ``parsers[i].result(out)``)."""
+        return self.parsers[i].push(out.token_ids) + self.parsers[i].finish()
 
     def result(self, i: int, out: RequestOutput) -> ChatResponse:
         """Choice ``i``'s whole message (for an answer sent as one body)."""
@@ -90,14 +94,6 @@ async def chat_completion_plan(s: ServerState, body: ChatCompletionRequest) -> C
     params, given = sampling_params(body, s)
     return await plan_chat(s, messages, options, params, given, tools=body.tools,
                            response_format=body.response_format, structured_outputs=so)
-
-
-def rendered(s: ServerState, prefix: str, model: str | None, token_ids: list[int]) -> dict:
-    """A render endpoint's answer (vLLM's shape): the prompt's token ids,
-    which a cache-aware router such as vllm-router matches between
-    requests."""
-    return {"request_id": f"{prefix}{uuid.uuid4().hex}", "model": model or s.model_names[0],
-            "token_ids": list(token_ids)}
 
 
 async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,

@@ -6,8 +6,7 @@ import time
 from .logprobs import completion_logprobs, ranked
 from .protocol import CompletionRequest
 from .runs import Job
-from .chat import rendered
-from .state import ServerState, respond, usage
+from .state import ServerState, rendered, respond, usage
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 

@@ -297,7 +297,7 @@ async def create_message(s: ServerState, body: MessagesRequest, disconnected=Non
         out, parser = outs[0], chat.parsers[0]
         if failed(out):
             raise APIError(500, out.error or "generation failed")
-        blocks.feed(parser.push(out.token_ids) + parser.finish())
+        blocks.feed(chat.whole(0, out))
         blocks.end()
         content = [_block(b, done=True) for b in blocks.blocks
                    if b.kind != "call" or b.call in parser.done_calls]

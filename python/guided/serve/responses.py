@@ -399,10 +399,9 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
         return r
 
     def whole(outs) -> dict:
-        out, parser = outs[0], chat.parsers[0]
-        deltas = parser.push(out.token_ids) + parser.finish()
-        items.events(items.blocks.feed(deltas) + items.blocks.end(), parser.done_calls)
-        return response(out)
+        deltas = chat.whole(0, outs[0])
+        items.events(items.blocks.feed(deltas) + items.blocks.end(), chat.parsers[0].done_calls)
+        return response(outs[0])
 
     async def events():
         seq = 0

@@ -80,6 +80,14 @@ class ServerState:
                    f"{prefix}{uuid.uuid4().hex}")
 
 
+def rendered(s: ServerState, prefix: str, model: str | None, token_ids: list[int]) -> dict:
+    """A render endpoint's answer (vLLM's shape): the prompt's token ids,
+    which a cache-aware router such as vllm-router matches between
+    requests."""
+    return {"request_id": f"{prefix}{uuid.uuid4().hex}", "model": model or s.model_names[0],
+            "token_ids": list(token_ids)}
+
+
 async def respond(run: Run, stream: bool, chunks: Callable[[], AsyncIterator[dict]],
                   whole: Callable[[list], dict],
                   disconnected: Callable[[], Awaitable[bool]] | None = None,
