@@ -87,6 +87,61 @@ fn special_at(bytes: &[u8]) -> Option<(usize, u32)> {
     Some((digits + 3, id))
 }
 
+/// Where the innermost object still open in `path` starts (0 when it opened before the path).
+fn open_object(path: &[u8], in_string: bool) -> usize {
+    let (mut depth, mut in_string, mut escaped) = (0usize, in_string, false);
+    let mut starts = vec![0];
+    for (i, &b) in path.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' => in_string = !in_string,
+            _ if in_string => {}
+            b'{' | b'[' => {
+                depth += 1;
+                starts.push(i);
+            }
+            b'}' | b']' if depth > 0 => {
+                depth -= 1;
+                starts.pop();
+            }
+            b'}' | b']' => starts = vec![i + 1],
+            _ => {}
+        }
+    }
+    *starts.last().unwrap_or(&0)
+}
+
+/// The last key (quotes included) written at the top level of `object`, and where it starts;
+/// `object` starts at its `{` (or inside it, where the object opened before the path).
+fn last_key(object: &[u8], in_string: bool) -> Option<(usize, Vec<u8>)> {
+    let (mut depth, mut in_string, mut escaped, mut start) = (0usize, in_string, false, 0);
+    let top = usize::from(object.first() == Some(&b'{'));
+    let mut key = None;
+    for (i, &b) in object.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if in_string => escaped = true,
+            b'"' if in_string => {
+                in_string = false;
+                let rest = object[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
+                if depth == top && rest == Some(&b':') {
+                    key = Some((start, object[start..=i].to_vec()));
+                }
+            }
+            b'"' => {
+                in_string = true;
+                start = i;
+            }
+            _ if in_string => {}
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    key
+}
+
 /// `bytes` in as few tokens as the vocabulary allows: each run of plain
 /// bytes retokenized, each special token kept.
 fn fewest_tokens(m: &GrammarMatcher, bytes: &[u8]) -> Option<Vec<u32>> {
@@ -117,6 +172,10 @@ struct Search<'a> {
     /// Tries allowed: MAX_TRIES, then, once a completion is found, a little
     /// more than it took (looking for a shorter one).
     max_tries: usize,
+    /// Abandon a branch that has written a key its object takes again (an additional key).
+    listed_keys_only: bool,
+    /// Where such a key starts in `path`: everything below it is abandoned.
+    abandon: Option<usize>,
 }
 
 impl Search<'_> {
@@ -167,6 +226,43 @@ impl Search<'_> {
                 return;
             }
         }
+        // Where a key may start, the keys the grammar lists: one byte at a time the search
+        // would write additional keys (`"":1,"":1,...`) and never the required ones.
+        let last = self.path.iter().rev().find(|b| !b.is_ascii_whitespace()).copied();
+        if self.listed_keys_only && last == Some(b',') {
+            if let Some(at) = self.additional_key() {
+                self.abandon = Some(at);
+                return;
+            }
+        }
+        if self.path.is_empty() {
+            // inside a key already begun (`{"`): the keys without their opening quote
+            for key in &hints.keys {
+                if self.try_whole(&[&key[1..], b":"].concat(), limit, &mut 0) {
+                    return;
+                }
+            }
+        }
+        if matches!(last, None | Some(b'{' | b',')) {
+            // Which keys this object lists and which it would take as additional is not known
+            // here (an additional key is abandoned at the next comma). Each is tried with the
+            // key separator, so that at the start a string value does not take it.
+            if last == Some(b'{') {   // an object that may stay empty: closed first
+                if let Some(t) = self.bytes.by_byte[b'}' as usize] {
+                    if self.try_child(b"}", &[t], limit, &mut children) {
+                        return;
+                    }
+                }
+            }
+            let start = open_object(&self.path, starts_in_string(&self.path));
+            for key in &hints.keys {
+                // a key this object already has would be another object's, written as additional
+                let written = self.path[start..].windows(key.len()).any(|w| w == &key[..]);
+                if !written && self.try_whole(&[&key[..], b":"].concat(), limit, &mut 0) {
+                    return;
+                }
+            }
+        }
         // Content bytes among the last three written are tried last:
         // repeating them is how a depth-first search dives into a string or
         // number that never ends (closers may repeat: `]]}`).
@@ -179,6 +275,11 @@ impl Search<'_> {
         // another (inside a free string that would dive forever).
         let examples = if matches!(self.path.last(), None | Some(b'"')) { &hints.examples[..] } else { &[] };
         for (i, (b, t)) in order.into_iter().enumerate() {
+            // whitespace only where nothing else goes on (a grammar that requires it): a run
+            // of optional whitespace before each of the other children multiplies the search
+            if b.is_ascii_whitespace() && children > 0 {
+                continue;
+            }
             if self.try_child(&[b], &[t], limit, &mut children) {
                 return;
             }
@@ -186,6 +287,21 @@ impl Search<'_> {
                 return;
             }
         }
+    }
+
+    /// Where the last key written in the innermost open object of `path` starts, if the
+    /// object would take it again: a listed key is taken once, so it was an additional one.
+    fn additional_key(&mut self) -> Option<usize> {
+        let in_string = starts_in_string(&self.path);
+        let start = open_object(&self.path, in_string);
+        let (at, key) = last_key(&self.path[start..], in_string && start == 0)?;
+        let toks = self.bytes.tokens(&key)?;
+        self.tries += toks.len();
+        let n = self.m.try_consume(&toks).unwrap_or(0);
+        if n > 0 && self.m.rollback(n).is_err() {
+            self.max_tries = 0;
+        }
+        (n == toks.len()).then_some(start + at)
     }
 
     /// [`Self::try_child`] for a string of bytes taken whole.
@@ -223,10 +339,18 @@ impl Search<'_> {
     /// Explore below `bytes` (`toks`) where the grammar takes them; true
     /// when this point has been explored enough.
     fn try_child(&mut self, bytes: &[u8], toks: &[u32], limit: usize, children: &mut usize) -> bool {
+        match self.abandon {
+            Some(at) if self.path.len() > at => return true,   // still below an additional key
+            Some(_) => self.abandon = None,
+            None => {}
+        }
         if self.tries >= self.max_tries || *children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {
             return true;
         }
-        if self.child(bytes, toks, limit) {
+        let taken = self.child(bytes, toks, limit);
+        if self.abandon == Some(self.path.len()) {
+            self.abandon = None;    // the child wrote an additional key: it does not count
+        } else if taken {
             *children += 1;
         }
         false
@@ -269,8 +393,12 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
     let limit = max_tokens.saturating_mul(8).min(MAX_BYTES);
     // A short bound first: a branch that repeats (one more call, one more
     // item) is then cut early instead of using up every try.
-    let best = [limit.min(SHORT_BYTES), limit].into_iter().find_map(|bound| {
-        let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None, tries: 0, max_tries: MAX_TRIES };
+    // Additional keys are never needed to complete an object, so the search first leaves
+    // them out (a key of another object would otherwise be written as one); then with them.
+    let runs = [(limit.min(SHORT_BYTES), true), (limit, true), (limit, false)];
+    let best = runs.into_iter().find_map(|(bound, listed_keys_only)| {
+        let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None,
+                             tries: 0, max_tries: MAX_TRIES, listed_keys_only, abandon: None };
         s.run(bound);
         s.best
     })?;
@@ -280,6 +408,27 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
         _ => bytes.tokens(&best)?,
     };
     (tokens.len() <= max_tokens).then_some(Closing { tokens, bytes: best })
+}
+
+/// Whether `path` (JSON text) starts inside a string begun before it: the reading under which
+/// fewer bytes outside strings are ones JSON never has there (letters other than those of
+/// true, false, null and exponents).
+fn starts_in_string(path: &[u8]) -> bool {
+    let stray = |in_string: bool| {
+        let (mut in_string, mut escaped, mut count) = (in_string, false, 0);
+        for &b in path {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' if in_string => escaped = true,
+                b'"' => in_string = !in_string,
+                _ if in_string => {}
+                b if b.is_ascii_alphabetic() && !b"truefalsnE".contains(&b) => count += 1,
+                _ => {}
+            }
+        }
+        count
+    };
+    stray(true) < stray(false)
 }
 
 /// Whether `tokens` take `m` (left as it is) to a state that may end.
@@ -381,6 +530,45 @@ mod tests {
         let t = text(&c.tokens);
         assert_eq!(t.as_bytes(), &c.bytes[..]);
         assert_eq!(t.replace(' ', ""), r#"","n":1}"#, "{t}");
+    }
+
+    /// An object as grammar/json_schema/writer.py writes it: listed keys in any order (a
+    /// parametric rule, bit i once key i is written), additional keys after the first one.
+    const ANY_ORDER: &str = r#"%llguidance {"ignore_once": true}
+%ignore /[ ]{1,8}/
+start: obj
+obj: "{" ka rest::0x1 "}" | "{" kb rest::0x2 "}"
+rest::_ : "" %if is_ones([0:2])
+    | "," ka rest::set_bit(0) %if bit_clear(0)
+    | "," kb rest::set_bit(1) %if bit_clear(1)
+    | "," extra rest::_
+ka: "\"zeta\"" ":" %json {"type": "string"}
+kb: "\"b\"" ":" inner
+inner: "{" kc "}"
+kc: "\"c\"" ":" %json {"type": "string", "pattern": "^[0-9]{3}$"}
+extra: XKEY ":" %json {"type": "integer"}
+XKEY: /"[a-z]*"/ & ~("\"zeta\"" | "\"b\"")
+"#;
+
+    #[test]
+    fn an_object_in_any_order_closes_with_its_listed_keys_not_additional_ones() {
+        let g = lark(ANY_ORDER);
+        // one key byte at a time the search would write additional keys ("":1,"":1,...)
+        for (prefix, want) in [("{", r#""zeta":"","b":{"c":"000"}}"#), (r#"{"b":{"c":"123"},"#, r#""zeta":""}"#),
+                               (r#"{"b":{"c":"123"},"q":1,"#, r#""zeta":""}"#), (r#"{"ze"#, r#"ta":"","b":{"c":"000"}}"#)] {
+            let m = after(&g, prefix);
+            let c = shortest_completion(&m, 80).unwrap_or_else(|| panic!("none after {prefix}"));
+            assert_eq!(text(&c.tokens), want, "after {prefix}");
+        }
+    }
+
+    #[test]
+    fn hints_read_listed_keys_and_the_patterns_of_embedded_schemas() {
+        let c = compiler();
+        let m = c.compile(&lark(ANY_ORDER)).unwrap().matcher();
+        let h = m.hints();
+        assert_eq!(h.keys, vec![b"\"zeta\"".to_vec(), b"\"b\"".to_vec(), b"\"c\"".to_vec()]);
+        assert_eq!(h.examples, vec![b"000".to_vec()]);
     }
 
     #[test]

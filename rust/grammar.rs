@@ -255,10 +255,15 @@ pub struct Hints {
     pub specials: Vec<u32>,
     pub suffixes: Vec<Vec<u8>>,
     pub examples: Vec<Vec<u8>>,
+    /// JSON keys an object lists (`"name"`, quotes included): where a key may start, the search
+    /// tries them before single bytes, which would otherwise write additional keys forever.
+    pub keys: Vec<Vec<u8>>,
 }
 
 /// Pattern examples kept per grammar (each is tried at every point).
 const MAX_EXAMPLES: usize = 16;
+/// Listed keys kept per grammar (each is tried where a key may start).
+const MAX_KEYS: usize = 64;
 
 impl Hints {
     fn of(top: &TopLevelGrammar) -> Hints {
@@ -301,6 +306,25 @@ impl Hints {
                 if !self.specials.contains(&t) {
                     self.specials.push(t);
                 }
+            }
+        }
+        // a listed key: a Lark literal holding a JSON string, then the key separator (the
+        // member rules of grammar/json_schema/writer.py: `"\"name\"" ":" value`)
+        for (i, _) in lark.match_indices("\"\\\"") {
+            let Some((text, len)) = json_literal_at(&lark[i..]) else { continue };
+            let rest = lark[i + len..].trim_start();
+            let is_key = text.len() >= 2 && text.starts_with('"') && text.ends_with('"')
+                && (rest.starts_with("\":") || rest.starts_with("\": "));
+            if is_key && self.keys.len() < MAX_KEYS && !self.keys.contains(&text.as_bytes().to_vec()) {
+                self.keys.push(text.into_bytes());
+            }
+        }
+        // patterns inside the JSON schemas a Lark grammar embeds (`%json {...}`)
+        for (i, m) in lark.match_indices("%json") {
+            let body = lark[i + m.len()..].trim_start();
+            let mut values = serde_json::Deserializer::from_str(body).into_iter::<serde_json::Value>();
+            if let Some(Ok(schema)) = values.next() {
+                self.read_patterns(&schema);
             }
         }
         for (i, m) in lark.match_indices("suffix=\"") {
@@ -346,12 +370,17 @@ fn example(hir: &regex_syntax::hir::Hir) -> Option<String> {
 
 /// The JSON string literal `s` starts with, decoded.
 fn json_string_prefix(s: &str) -> Option<String> {
+    json_literal_at(s).map(|(text, _)| text)
+}
+
+/// The string a JSON string literal at the start of `s` holds, and the literal's length.
+fn json_literal_at(s: &str) -> Option<(String, usize)> {
     let mut escaped = false;
     for (i, c) in s.char_indices().skip(1) {
         match c {
             _ if escaped => escaped = false,
             '\\' => escaped = true,
-            '"' => return serde_json::from_str(&s[..=i]).ok(),
+            '"' => return serde_json::from_str(&s[..=i]).ok().map(|text| (text, i + 1)),
             _ => {}
         }
     }
