@@ -136,9 +136,7 @@ def _fixed(special: SpecialTokens, part: Special | Lit) -> Expr:
 
 def tool_args_entry(schema: dict) -> dict:
     """A tool's parameters as a JSON grammar entry in the template's JSON style."""
-    entry = json_schema_grammar(schema, "compact")
-    entry["json_schema"]["x-guidance"].update(TEMPLATE_JSON)
-    return entry
+    return json_schema_grammar(schema, "compact", TEMPLATE_JSON)
 
 
 def _args(g: GrammarBuilder, special: SpecialTokens, style, index: int, tool: Tool) -> Expr:

@@ -21,7 +21,7 @@ from .lark import alt, lit, opt, seq, star, text_without
 def structural_tag_entry(spec: Any) -> dict:
     """One Lark grammar entry (schemas inline as ``%json``); ValueError
     naming what is malformed."""
-    from .json_schema import json_schema_grammar
+    from .json_schema import json_schema_rule
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -45,8 +45,7 @@ def structural_tag_entry(spec: Any) -> dict:
         schema = s.get("schema", {})
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"{where}.schema must be a JSON Schema")
-        entry = json_schema_grammar(schema)
-        rules.append(f"tag_{i}_json: %json {json.dumps(entry['json_schema'], ensure_ascii=False)}")
+        rules.append(f"tag_{i}_json: {json_schema_rule(schema)}")
         tags.append(seq(lit(s["begin"]), f"tag_{i}_json", lit(s["end"])))
     start = seq(star(seq(opt("TEXT"), alt(*tags))), opt("TEXT"))
     lark = "\n".join([f"start: {start}", *rules, f"TEXT: {text_without(*triggers)}"])

@@ -1,7 +1,20 @@
-"""JSON Schema → one llguidance grammar entry: sanitising and the whitespace policy.
+"""JSON Schema → one llguidance grammar entry: sanitising, our grammar writer, whitespace.
 
-``json_schema_grammar(schema, whitespace=None)`` returns ``{"json_schema": ...}``,
-which the grammar composer embeds as one entry of ``{"grammars": [...]}``.
+``json_schema_grammar(schema, whitespace=None, separators=None)`` returns
+``{"lark_grammar": ...}`` (our writer's grammar) or ``{"json_schema": ...}``
+(llguidance's compiler takes the schema whole), which the grammar composer embeds
+as one entry of ``{"grammars": [...]}``; ``json_schema_rule`` gives the same as the
+body of a Lark rule.
+
+The writer (writer.py)
+----------------------
+After sanitising, ``writer.writes`` decides (and says why) whether our writer takes
+the structure: objects (listed keys in any order, each once, as a parametric rule),
+``$defs`` as rules (recursion, size split), anyOf, arrays, intersections merged
+key by key (intersect.py), number spellings (numbers.py); everything else is a
+``%json`` leaf for llguidance's compiler, with property_order's variants. A leaf
+llguidance finds unsatisfiable is dropped where the compiler would drop it
+(oracle.py).
 
 Sanitising
 ----------
@@ -38,8 +51,13 @@ through always validates against the client's schema.
   other property may appear; ``patternProperties`` of literal names
   (``^(a|b)$``) become listed properties.
 * Property order: llguidance takes listed properties in the schema's order
-  only; an object becomes an anyOf of a few orders (the required properties
-  first, in each order), exactly (property_order.py).
+  only; in the leaves it compiles, an object becomes an anyOf of a few orders
+  (the required properties first, in each order), exactly (property_order.py).
+  Objects the writer takes need none of this.
+* oneOf: options told apart by required keys, listed values (checked with a
+  validator), types, or (for strings) llguidance's own emptiness check; a
+  oneOf beside a "type" only counts that type; complements that would cut an
+  option away are tried per JSON type before an option is left out.
 * Lookaround patterns: ``^(?!literal)rest`` becomes two patterns; an anchor
   that cannot hold (``/^...$/``) means no string matches (lookaround.py).
 * A keyword whose value has the wrong JSON type is a ValueError naming the
@@ -64,31 +82,56 @@ string, used as the regex of one whitespace run.
 """
 from __future__ import annotations
 
+import json
 import logging
 
+from .property_order import in_schema_orders
 from .sanitizer import sanitize_json_schema
 from .whitespace import BOUNDED_WHITESPACE, whitespace_options
+from .writer import writes
 
 
 log = logging.getLogger("guided.grammar")
 
-__all__ = ["BOUNDED_WHITESPACE", "json_schema_grammar", "sanitize_json_schema", "whitespace_options"]
+__all__ = ["BOUNDED_WHITESPACE", "json_schema_grammar", "json_schema_rule", "sanitize_json_schema",
+           "whitespace_options"]
 
 
-def json_schema_grammar(schema: dict | bool, whitespace: str | None = None) -> dict:
-    """One llguidance grammar entry for ``schema``: ``{"json_schema": sanitized}``.
+def json_schema_grammar(schema: dict | bool, whitespace: str | None = None,
+                        separators: dict | None = None) -> dict:
+    """One llguidance grammar entry for ``schema``: ``{"lark_grammar": ...}`` from our writer
+    or ``{"json_schema": sanitized}`` (writer.writes says which).
 
-    ``whitespace``: None (bounded, the default), "compact", "flexible", or a
-    regex for one whitespace run. Raises ValueError on a schema that is not a
+    ``whitespace``: None (bounded, the default), "compact", "flexible", or a regex for one
+    whitespace run. ``separators``: ``{"item_separator": ", ", "key_separator": ": "}`` for
+    the style a chat template writes JSON in. Raises ValueError on a schema that is not a
     JSON object/boolean.
     """
-    sanitized, notes = sanitize_json_schema(schema)
+    options = {**whitespace_options(whitespace), **(separators or {})}
+    sanitized, notes = sanitize_json_schema(schema, any_order=False)
     for note in notes:
         log.info("json schema: %s", note)
-    if sanitized is True:
-        sanitized = {}
-    elif sanitized is False:
+    if sanitized is False:
         raise ValueError("the JSON schema accepts no instance (after rewriting: "
                          + "; ".join(notes[-3:]) + ")")
-    sanitized["x-guidance"] = whitespace_options(whitespace)
+    if sanitized is True:
+        sanitized = {}
+    lark = writes(sanitized, options)
+    if lark is not None:
+        return {"lark_grammar": lark}
+    defs = sanitized.pop("$defs", {})
+    sanitized, defs = in_schema_orders(sanitized, defs)
+    if defs:
+        sanitized = {**sanitized, "$defs": defs} if isinstance(sanitized, dict) else \
+            {"allOf": [sanitized], "$defs": defs}
+    sanitized["x-guidance"] = options
     return {"json_schema": sanitized}
+
+
+def json_schema_rule(schema: dict | bool, whitespace: str | None = None) -> str:
+    """The body of a Lark rule for ``schema``: ``%json {...}`` or a nested ``%lark {...}`` (its
+    own lexemes and whitespace, apart from the grammar around it)."""
+    entry = json_schema_grammar(schema, whitespace)
+    if "json_schema" in entry:
+        return "%json " + json.dumps(entry["json_schema"], ensure_ascii=False)
+    return "%lark {\n" + entry["lark_grammar"] + "}"

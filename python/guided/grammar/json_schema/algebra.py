@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .vocabulary import KEYWORDS_BY_TYPE, TYPES
+
 
 def canon(v: Any) -> str:
     """A canonical key for a JSON value (1 and 1.0 are the same number)."""
@@ -74,3 +76,21 @@ def type_set(t: Any) -> set[str]:
     if "number" in ts:
         ts.add("integer")
     return ts
+
+
+def node_types(node: dict) -> set[str]:
+    """The types a schema's "type" allows (all of them when absent; number includes integer)."""
+    t = node.get("type", list(TYPES))
+    ts = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set(TYPES)
+    if "number" in ts:
+        ts.add("integer")
+    return ts
+
+
+def relevant(node: dict) -> dict:
+    """node without unknown keywords and those for types its "type" rules out."""
+    types = node_types(node) | {"any"}
+    if "integer" in types:
+        types.add("number")
+    return {k: v for k, v in node.items()
+            if any(k in KEYWORDS_BY_TYPE[t] for t in types if t in KEYWORDS_BY_TYPE)}

@@ -2,9 +2,13 @@
 implication, and proofs that two schemas are disjoint (for oneOf)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import jsonschema
+
 from .algebra import canon, json_type, type_set
+from .oracle import unsatisfiable
 from .refs import Unsupported
 from .regex import first_chars, search
 from .vocabulary import ANNOTATIONS
@@ -61,6 +65,19 @@ class Analysis:
                 if fy is not None and not (fx & fy):
                     return True
         return False
+
+    def _accepts_any(self, s: Any, values: set[str]) -> bool:
+        """Whether s may accept one of values (canonical keys); True unless a validator shows
+        that it accepts none (only where s, resolved, has no $ref left)."""
+        s = self.deref(s, 0)
+        if not isinstance(s, (dict, bool)) or "$ref" in json.dumps(s) or len(values) > 1000:
+            return True
+        try:
+            cls = jsonschema.Draft202012Validator
+            check = cls(s, format_checker=cls.FORMAT_CHECKER)
+            return any(check.is_valid(json.loads(v)) for v in values)
+        except (jsonschema.SchemaError, RecursionError, ValueError):
+            return True
 
     def deref(self, s: Any, depth: int) -> Any:
         while isinstance(s, dict) and "$ref" in s and depth < MAX_DEPTH:
@@ -176,7 +193,21 @@ class Analysis:
         return req, props, closed, forbidden
 
     def disjoint(self, a: Any, b: Any) -> bool:
-        """True only if no instance satisfies both a and b."""
+        """True only if no instance satisfies both a and b. Where a or b refers to a definition
+        still being walked (a recursive oneOf), its raw schema stands in for the structural
+        checks (required names, listed values, types): the sanitised one is the same or
+        narrower, so what separates the raw ones separates it too."""
+        if self._disjoint(a, b):
+            return True
+        if not self.in_progress:
+            return False
+        self._raw = True
+        try:
+            return self._disjoint(a, b)
+        finally:
+            self._raw = False
+
+    def _disjoint(self, a: Any, b: Any) -> bool:
         ta, tb = self.types(a, 0), self.types(b, 0)
         if ta is not None and tb is not None:
             common = ta & tb
@@ -187,9 +218,15 @@ class Analysis:
         va, vb = self.values(a, 0), self.values(b, 0)
         if va is not None and vb is not None and not (va & vb):
             return True
+        for vals, other in ((va, b), (vb, a)):
+            if vals is not None and not self._raw and not self._accepts_any(other, vals):
+                return True
         if ta is not None and tb is not None and common <= {"string"}:
             if self._strings_disjoint(a, b):
                 return True
+            both = {"allOf": [self.deref(a, 0), self.deref(b, 0)]}
+            if not self._raw and "$ref" not in json.dumps(both) and unsatisfiable(both):
+                return True   # llguidance intersects the two (patterns, formats, lengths)
         # objects told apart by a property
         if common is None or "object" in common:
             ra, pa, ca, fa = self._obj_info(a, 0)

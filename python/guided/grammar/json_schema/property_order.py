@@ -1,5 +1,7 @@
 """Property order: llguidance accepts an object's listed properties only in the order of
-``properties`` (and other keys after them); JSON Schema allows any order. The object becomes
+``properties`` (and other keys after them); JSON Schema allows any order. Our writer
+(writer.py) takes most objects in any order itself; in what it hands to llguidance whole (a
+leaf: an intersection it cannot merge, or a schema it does not take) the object becomes
 an anyOf of itself with its properties in a few orders: the schema's, and the required ones
 first in each order (up to MAX_PERMUTED of them, else in the order of ``required``).
 
@@ -57,16 +59,17 @@ def _intersection(node: dict) -> bool:
     return any(k in node and len(node) > 1 for k in ("anyOf", "oneOf"))
 
 
-def _refs(node: Any):
+def def_refs(node: Any):
+    """The $defs names node refers to (anywhere in it)."""
     if isinstance(node, dict):
         for k, v in node.items():
             if k == "$ref" and isinstance(v, str) and v.startswith(_REF):
                 yield v[len(_REF):]
             elif k not in ("enum", "const"):
-                yield from _refs(v)
+                yield from def_refs(v)
     elif isinstance(node, list):
         for v in node:
-            yield from _refs(v)
+            yield from def_refs(v)
 
 
 def _under_intersections(node: Any, out: set[str]) -> None:
@@ -76,7 +79,7 @@ def _under_intersections(node: Any, out: set[str]) -> None:
             _under_intersections(v, out)
     elif isinstance(node, dict):
         if _intersection(node):
-            out.update(_refs(node))
+            out.update(def_refs(node))
             return
         for k, v in node.items():
             if k not in ("enum", "const"):
@@ -95,7 +98,7 @@ def frozen_defs(root: Any, defs: dict) -> set[str]:
         if n in frozen or n not in defs:
             continue
         frozen.add(n)
-        stack.extend(_refs(defs[n]))
+        stack.extend(def_refs(defs[n]))
     return frozen
 
 
@@ -114,7 +117,7 @@ def _orders(names: list[str], required: list[str]):
     yield [names]
 
 
-def _matches(pattern: str, name: str) -> bool:
+def may_match(pattern: str, name: str) -> bool:
     """Whether name may match pattern (True when Python cannot tell)."""
     try:
         return re.search(pattern, name) is not None
@@ -142,11 +145,20 @@ def metadata_first(node: Any) -> Any:
     front = []
     for v in variants:
         props, patterns = v.get("properties") or {}, v.get("patternProperties") or {}
-        names = [n for n in METADATA_KEYS if n not in props and not any(_matches(p, n) for p in patterns)]
+        names = [n for n in METADATA_KEYS if n not in props and not any(may_match(p, n) for p in patterns)]
         if names:
             extra = v.get("additionalProperties", True)
             front.append({**v, "properties": {**{n: extra for n in names}, **props}})
     return {"anyOf": front + variants} if front else node
+
+
+def in_schema_orders(node: Any, defs: dict) -> tuple[Any, dict]:
+    """node and its $defs with each plain object's order variants (and, for a root object,
+    metadata keys first); definitions an intersection reaches are left as they are."""
+    order = PropertyOrder()
+    frozen = frozen_defs(node, defs)
+    node = metadata_first(order._any_order(node))
+    return node, {n: (d if n in frozen else order._any_order(d)) for n, d in defs.items()}
 
 
 class PropertyOrder:
@@ -168,7 +180,7 @@ class PropertyOrder:
         own = node.get("patternProperties") or {}
         required = [r for r in node.get("required") or [] if r in props]
         movable = [n for n in props if n not in required and _literal(n) is not None
-                   and not any(_matches(p, n) for p in own)]
+                   and not any(may_match(p, n) for p in own)]
         if len(movable) > MAX_PATTERNS:
             movable = []
         listed = [n for n in props if n not in movable]

@@ -36,6 +36,10 @@ def join_uri(base: str, ref: str) -> str:
 
 class Refs:
     """Reference bookkeeping of the Sanitizer (it provides ``walk``)."""
+
+    # set by Analysis.disjoint: a definition still being walked resolves to its raw schema
+    _raw = False
+
     def _node_ctx(self, node: dict, ctx: Ctx) -> Ctx:
         draft, base = ctx.draft, ctx.base
         sch = node.get("$schema")
@@ -123,6 +127,8 @@ class Refs:
             if name in self.defs:
                 return self.defs[name]
             if name in self.in_progress:
+                if self._raw:
+                    return self.def_nodes[name]
                 raise Unsupported("recursive reference")
             for i, (node, nctx, qname) in enumerate(self.queue):
                 if qname == name:

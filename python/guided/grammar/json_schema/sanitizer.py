@@ -16,7 +16,7 @@ from .literals import Literals
 from .lookaround import rewrite_pattern
 from .objects import ObjectRewrites
 from .one_of import OneOfRewrite
-from .property_order import PropertyOrder, frozen_defs, metadata_first
+from .property_order import in_schema_orders
 from .refs import ROOT_URI, Ctx, Refs, Unsupported, pointer_escape
 from .vocabulary import ANNOTATIONS, KW_SINCE, TYPES
 
@@ -24,17 +24,20 @@ from .vocabulary import ANNOTATIONS, KW_SINCE, TYPES
 MAX_STEPS = 200_000  # sub-schemas visited while rewriting one schema
 
 
-def sanitize_json_schema(schema: dict | bool) -> tuple[dict | bool, list[str]]:
-    """(an equivalent or narrower schema llguidance accepts, notes on what was narrowed)."""
+def sanitize_json_schema(schema: dict | bool, any_order: bool = True) -> tuple[dict | bool, list[str]]:
+    """(an equivalent or narrower schema llguidance accepts, notes on what was narrowed).
+    ``any_order=False`` leaves out property_order's variants (the writer orders objects itself
+    and adds them to the leaves it hands to llguidance)."""
     if not isinstance(schema, (dict, bool)):
         raise ValueError("a JSON schema must be an object or a boolean")
     s = Sanitizer(copy.deepcopy(schema))
+    s.any_order = any_order
     out = s.run()
     return out, s.notes
 
 
 class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOfRewrite, Flatten,
-                PropertyOrder, Literals):
+                Literals):
     """One schema's rewrite; each base class holds one concern (see its module)."""
 
     def __init__(self, root: Any):
@@ -49,6 +52,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
         self.in_progress: set[str] = set()
         self.def_nodes: dict[str, Any] = {}
         self.steps = 0
+        self.any_order = True
 
     def run(self):
         root = self.root
@@ -70,11 +74,8 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
         if any(d is False for d in self.defs.values()):
             out = self._inline_false_refs(out)
             self.defs = {n: self._inline_false_refs(d) for n, d in self.defs.items()}
-        frozen = frozen_defs(out, self.defs)
-        out = metadata_first(self._any_order(out))
-        for name in list(self.defs):
-            if name not in frozen:
-                self.defs[name] = self._any_order(self.defs[name])
+        if self.any_order:
+            out, self.defs = in_schema_orders(out, self.defs)
         if isinstance(out, dict) and self.defs:
             out = dict(out)
             out["$defs"] = self.defs
@@ -246,7 +247,7 @@ class Sanitizer(Refs, Analysis, Complement, ArrayRewrites, ObjectRewrites, OneOf
             extra.append(any_of([absent, present]))
 
         if "oneOf" in node:
-            extra.append(self._rewrite_one_of(node.pop("oneOf"), path))
+            extra.append(self._rewrite_one_of(node.pop("oneOf"), path, node.get("type")))
 
         if node.get("unevaluatedProperties") is not None:
             up = node.pop("unevaluatedProperties")

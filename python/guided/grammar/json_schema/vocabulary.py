@@ -28,3 +28,18 @@ KW_SINCE = {
     "maxContains": 2019, "minContains": 2019, "prefixItems": 2020, "unevaluatedItems": 2019,
     "unevaluatedProperties": 2019,
 }
+
+
+# The keywords that constrain instances, by the JSON type they read ("any": every type). A key
+# outside all of them (and not $defs) is ignored by validators, as unknown keywords are.
+KEYWORDS_BY_TYPE = {
+    "any": {"type", "enum", "const", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+            "$ref", "$dynamicRef", "$recursiveRef"},
+    "object": {"properties", "required", "additionalProperties", "patternProperties",
+               "minProperties", "maxProperties", "propertyNames", "dependencies",
+               "dependentRequired", "dependentSchemas", "unevaluatedProperties"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+              "contains", "minContains", "maxContains", "unevaluatedItems"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}
