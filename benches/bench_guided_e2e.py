@@ -10,7 +10,7 @@
     produce the same number of tokens. Throughput = generated tokens / wall
     time of the whole generate() call (prefill included, identical prompts).
     The four runs (constrained, free, fast-forward off, cut) are interleaved, each
-    --repeat times in turn, best of each. Printed: the ratio constrained/unconstrained
+    --repeat times in turn (rotated each round), best of each. Printed: the ratio constrained/unconstrained
     (floor 0.90, goal 0.97), the
     same for on_length="cut" (no closing at the budget; its cost shows as the
     difference, clearest with a small --new-tokens that cuts every row) and
@@ -133,11 +133,13 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
 
 
 def interleaved(runs: dict, repeat: int) -> tuple[dict, dict]:
-    """Best wall time of each run over ``repeat`` rounds of all of them in turn, and each
-    run's last result."""
+    """Best wall time of each run over ``repeat`` rounds of all of them in turn (each round
+    starts one run later, so no run always follows the same one), and each run's last result."""
     best, out = dict.fromkeys(runs, float("inf")), {}
-    for _ in range(repeat):
-        for name, fn in runs.items():
+    names = list(runs)
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = runs[name]
             t0 = time.perf_counter()
             out[name] = fn()
             best[name] = min(best[name], time.perf_counter() - t0)
