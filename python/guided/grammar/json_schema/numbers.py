@@ -1,17 +1,18 @@
 """Number spellings llguidance's JSON compiler leaves out, as JSON Schema counts them.
 
-JSON Schema compares numbers by value: ``2.0`` is an integer (draft 6 on), ``1e-06`` is a number
-above 0. llguidance writes an integer as digits only, a number with bounds without an exponent,
-and an enum's integral number as digits only. The writer adds these spellings beside its leaf,
-each a regex whose every match has a value the schema accepts:
+JSON Schema compares numbers by value: ``1e-06`` is a number above 0, ``2.0`` equals the enum
+value ``2``. llguidance writes a number with bounds without an exponent, and an enum's integral
+number as digits only. The writer adds these spellings beside its leaf, each a regex whose every
+match has a value the schema accepts:
 
-* ``{"type": "integer"}``: digits with a zero fraction (``2.0``, ``-3.00``), where the bounds are
-  none or only a sign (minimum/maximum 0, or on the side of 0 that keeps the sign exact);
 * ``{"type": "number"}`` with a minimum at or below 0 (or exclusiveMinimum at or below 0, and no
   maximum): non-negative (positive) numbers in exponent form; mirrored for a maximum at or above 0;
-* an enum's integral number ``n``: ``n`` with a zero fraction.
+* an enum's (or const's) integral number ``n``: also ``n.0``.
 
-Other bounds keep llguidance's spelling only (a subset, as before).
+Left out on purpose: ``2.0`` for ``{"type": "integer"}``. It is an integer to JSON Schema, but a
+small model given the choice writes ``21.0000000000000000``, and typed clients parse integers
+strictly (pydantic in strict mode, openai-agents' output_type: "Invalid JSON"). Other bounds keep
+llguidance's spelling only (a subset, as before).
 """
 from __future__ import annotations
 
@@ -62,17 +63,14 @@ def number_forms(node: dict) -> list[str]:
         for v in node["enum"]:
             if _is_number(v) and float(v).is_integer() and abs(v) < 1e15 and \
                     (not types or types & {"integer", "number"}):
-                out.append(("-" if v < 0 else "") + str(abs(int(v))) + r"\.0+")
+                out.append(("-" if v < 0 else "") + str(abs(int(v))) + r"\.0")
         return out
     if not keys <= _BOUNDS or not types or not types <= {"integer", "number"}:
         return []
     signs = _signs(node)
     if signs is None:
         return []
-    if "number" not in types:               # integers with a zero fraction
-        forms = (r"[1-9][0-9]*\.0+", r"-?0\.0+", r"-[1-9][0-9]*\.0+")
-    elif keys:
-        forms = (rf"{_NONZERO}{_EXPONENT}", rf"-?0(?:\.0+)?{_EXPONENT}", rf"-{_NONZERO}{_EXPONENT}")
-    else:
-        return []                            # llguidance's own number has the exponent
+    if "number" not in types or not keys:
+        return []       # integers: digits only (see above); an unbounded number has the exponent
+    forms = (rf"{_NONZERO}{_EXPONENT}", rf"-?0(?:\.0+)?{_EXPONENT}", rf"-{_NONZERO}{_EXPONENT}")
     return [form for form, sign in zip(forms, (signs[2], signs[1], signs[0])) if sign]
