@@ -21,8 +21,8 @@ to that compiler as ``%json {...}`` leaves:
 * ``anyOf`` is an alternative; arrays are ``[`` items ``]`` with prefixItems and bounds; a node
   typed object-or-something-else is the object rule or the rest; allOf (and anyOf or $ref beside
   other keywords) is merged into plain schemas where it can be (intersect.py);
-* integers with a zero fraction and numbers with exponents are added beside a number leaf
-  where the bounds allow (numbers.py);
+* numbers with exponents, and an enum's integral number as ``n.0``, are added beside a number
+  leaf where the bounds allow (numbers.py);
 * everything else (strings, numbers, enums, intersections it cannot merge) is a leaf compiled by
   llguidance, with the definitions it reaches and property_order's variants. A leaf llguidance
   finds unsatisfiable has no instance: the option or property it stands for is dropped.
