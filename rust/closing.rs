@@ -229,8 +229,13 @@ impl Search<'_> {
         // Where a key may start, the keys the grammar lists: one byte at a time the search
         // would write additional keys (`"":1,"":1,...`) and never the required ones.
         let last = self.path.iter().rev().find(|b| !b.is_ascii_whitespace()).copied();
-        if self.listed_keys_only && last == Some(b',') {
-            if let Some(at) = self.additional_key() {
+        // where a key may start: the innermost open object, read once for both uses below
+        let object = matches!(last, None | Some(b'{' | b',')).then(|| {
+            let in_string = starts_in_string(&self.path);
+            (open_object(&self.path, in_string), in_string)
+        });
+        if let (true, Some((start, in_string))) = (self.listed_keys_only && last == Some(b','), object) {
+            if let Some(at) = self.additional_key(start, in_string) {
                 self.abandon = Some(at);
                 return;
             }
@@ -243,7 +248,7 @@ impl Search<'_> {
                 }
             }
         }
-        if matches!(last, None | Some(b'{' | b',')) {
+        if let Some((start, _)) = object {
             // Which keys this object lists and which it would take as additional is not known
             // here (an additional key is abandoned at the next comma). Each is tried with the
             // key separator, so that at the start a string value does not take it.
@@ -254,7 +259,6 @@ impl Search<'_> {
                     }
                 }
             }
-            let start = open_object(&self.path, starts_in_string(&self.path));
             for key in &hints.keys {
                 // a key this object already has would be another object's, written as additional
                 let written = self.path[start..].windows(key.len()).any(|w| w == &key[..]);
@@ -289,11 +293,10 @@ impl Search<'_> {
         }
     }
 
-    /// Where the last key written in the innermost open object of `path` starts, if the
-    /// object would take it again: a listed key is taken once, so it was an additional one.
-    fn additional_key(&mut self) -> Option<usize> {
-        let in_string = starts_in_string(&self.path);
-        let start = open_object(&self.path, in_string);
+    /// Where the last key written in the innermost open object of `path` (which starts at
+    /// `start`) starts, if the object would take it again: a listed key is taken once, so it
+    /// was an additional one.
+    fn additional_key(&mut self, start: usize, in_string: bool) -> Option<usize> {
         let (at, key) = last_key(&self.path[start..], in_string && start == 0)?;
         let toks = self.bytes.tokens(&key)?;
         self.tries += toks.len();
