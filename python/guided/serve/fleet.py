@@ -17,28 +17,22 @@ replicas, send the conversation again rather than previous_response_id).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from ..processes import die_with_parent, free_port
+
 log = logging.getLogger("guided.serve.fleet")
 
 #: options of this process that the replicas do not get
 FLEET_OPTIONS = {"--replicas": True, "--router-policy": True, "--host": True, "--port": True}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def replica_argv(argv: list[str]) -> list[str]:
@@ -54,14 +48,6 @@ def replica_argv(argv: list[str]) -> list[str]:
             continue
         out.append(arg)
     return out
-
-
-def _die_with_parent() -> None:
-    """In a child: SIGTERM when this (the parent) process dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _healthy(url: str) -> bool:
@@ -81,7 +67,7 @@ def router_command() -> str:
 
 def run_fleet(args, argv: list[str]) -> None:
     router = router_command()
-    ports = [_free_port() for _ in range(args.replicas)]
+    ports = [free_port() for _ in range(args.replicas)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     rest = replica_argv(argv)
     env = dict(os.environ)
@@ -106,7 +92,7 @@ def run_fleet(args, argv: list[str]) -> None:
     signal.signal(signal.SIGINT, stop)
     for port in ports:
         procs.append(subprocess.Popen([sys.executable, "-m", "guided.serve", *rest, "--host", "127.0.0.1",
-                                       "--port", str(port)], env=env, preexec_fn=_die_with_parent))
+                                       "--port", str(port)], env=env, preexec_fn=die_with_parent))
     log.info("starting %d replicas on %s", len(ports), ", ".join(urls))
     while not all(_healthy(u) for u in urls):
         if any(p.poll() is not None for p in procs):
@@ -121,9 +107,9 @@ def run_fleet(args, argv: list[str]) -> None:
          # take it out; a busy one has 5 s to answer a health check
          "--cb-failure-threshold", "2", "--health-check-interval-secs", "3", "--health-failure-threshold", "2",
          # the router's own Prometheus exporter, on a free loopback port (its default may be taken)
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
          "--log-level", "warning" if args.log_level.lower() == "warning" else "info"],
-        preexec_fn=_die_with_parent))
+        preexec_fn=die_with_parent))
     log.info("vllm-router (%s) on http://%s:%d/v1 in front of them", args.router_policy, args.host, args.port)
     reported: set[int] = set()
     while True:
