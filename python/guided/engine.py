@@ -49,6 +49,10 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
 
+    def model_len(self, mc) -> int:
+        """The longest sequence served: max_model_len, within the model's positions."""
+        return min(self.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+
 
 @dataclass
 class _Request:
@@ -91,9 +95,7 @@ class Engine:
         self.special = special or SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
                                                          loaded.bos_token)
         self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
-        mc = loaded.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
-                                 mc.max_position_embeddings)
+        self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len)
         self.scheduler = _native.Scheduler(

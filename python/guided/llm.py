@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from tqdm import tqdm
@@ -17,6 +17,8 @@ from .chat.template import TemplateError
 from .engine import Engine, EngineConfig, StepUpdate
 from .grammar import ComposedGrammar, compose
 from .model import load_model
+from .model.loader import model_path, read_config
+from .model.parallel import TensorGroup, check_split, start as start_ranks
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .special_tokens import SpecialTokens
@@ -39,23 +41,42 @@ class LLM:
                  max_num_seqs: int = 64, kv_cache_tokens: int | None = None,
                  block_size: int = 16, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, tensor_parallel_size: int = 1):
         """``chat_template``: a Jinja template (text or a file path) used
-        instead of the model's own, as ``--chat-template`` in other servers."""
+        instead of the model's own, as ``--chat-template`` in other servers.
+
+        ``tensor_parallel_size``: split the model over that many processes
+        (guided/model/parallel.py): started here on this host, or met through
+        torch.distributed's env:// variables when WORLD_SIZE is set (torchrun,
+        several hosts). ``close()`` stops them."""
         given = _template_text(chat_template) if chat_template else None   # checked before the load
-        self.loaded = load_model(model, device=device, dtype=dtype)
-        template = given or self.loaded.chat_template
-        self._special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
-                                               self.loaded.bos_token)
-        self._formats: dict[str, ChatFormat] = {}
-        self._own_template = template
-        self.chat_format: ChatFormat | None = self._format(template) if template else None
-        special = self.chat_format.special if self.chat_format else self._special   # with the template's end-of-turn token
-        self.engine = Engine(self.loaded, EngineConfig(
+        config = EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching), special)
+            enable_prefix_caching=enable_prefix_caching)
+        group = _tensor_group(model, device, dtype, tensor_parallel_size, config)
+        try:
+            self.loaded = load_model(model, device=device, dtype=dtype, tensor_group=group)
+            if group is not None:
+                group.connect()
+            template = given or self.loaded.chat_template
+            self._special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
+                                                   self.loaded.bos_token)
+            self._formats: dict[str, ChatFormat] = {}
+            self._own_template = template
+            self.chat_format: ChatFormat | None = self._format(template) if template else None
+            special = self.chat_format.special if self.chat_format else self._special   # with the template's end-of-turn token
+            self.engine = Engine(self.loaded, config, special)
+        except BaseException:
+            if group is not None:
+                group.close()
+            raise
         self.tokenizer = self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks this LLM started (nothing to do without them)."""
+        if self.loaded.tensor_group is not None:
+            self.loaded.tensor_group.close()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -265,6 +286,18 @@ class LLM:
         mask_rows, prefix_cache_hit_tokens, prefix_cache_queries,
         preemptions, ..."""
         return self.engine.stats()
+
+
+def _tensor_group(model, device: str, dtype, size: int, config: EngineConfig) -> TensorGroup | None:
+    """The tensor-parallel group for ``size`` ranks (None for one), its other
+    ranks started or met; a model that cannot be split is refused first."""
+    if size == 1:
+        return None
+    path = model_path(model)
+    check_split(read_config(path), size, dtype)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else None
+    return start_ranks(size, device, {"model": path, "device": device, "dtype": name,
+                                      "engine": asdict(config)})
 
 
 def _template_text(value: str) -> str:

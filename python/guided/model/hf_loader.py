@@ -34,11 +34,16 @@ def _weight_files(directory: str) -> list[str]:
     return [os.path.join(directory, f) for f in shards]
 
 
-def load_hf(directory: str, dtype: torch.dtype, device: torch.device):
+def hf_config(directory: str) -> tuple[ModelConfig, dict]:
+    """The model's shape from its config.json, and the raw JSON."""
     raw = _read_json(directory, "config.json")
     if not raw:
         raise FileNotFoundError(f"{directory} has no config.json")
-    config = ModelConfig.from_hf(raw)
+    return ModelConfig.from_hf(raw), raw
+
+
+def load_hf(directory: str, dtype: torch.dtype, device: torch.device):
+    config, raw = hf_config(directory)
     sink = WeightSink(config, dtype, device)
     files = _weight_files(directory)
     handles = [safe_open(f, framework="pt") for f in files]

@@ -34,6 +34,10 @@ def _linear(n_in: int, n_out: int, bias: bool) -> nn.Linear:
     return layer
 
 
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -51,6 +55,9 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, False)
         self.down_proj = _linear(c.intermediate_size, c.hidden_size, False)
+        #: the sum over tensor-parallel ranks of o_proj's and down_proj's partial outputs
+        #: (set by parallel.shard; a whole model's outputs are whole already)
+        self.reduce = _whole
 
     def forward(self, x, cos, sin, kv_cache: KVCache, plan: AttentionPlan):
         t = x.shape[0]
@@ -64,9 +71,9 @@ class DecoderLayer(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, plan)
-        x = x + self.o_proj(paged_attention(q, k_cache, v_cache, plan, self.scale))
+        x = x + self.reduce(self.o_proj(paged_attention(q, k_cache, v_cache, plan, self.scale)))
         gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        return x + self.reduce(self.down_proj(F.silu(gate) * up))
 
 
 class CausalLM(nn.Module):
@@ -79,6 +86,15 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
         self.rotary: RotaryTable | None = None
+        #: with tensor parallelism (parallel.shard): the group, and where this rank's
+        #: slice of the vocabulary (embedding and LM-head rows) starts
+        self.tensor_group = None
+        self.vocab_start = 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads this model holds (a tensor-parallel rank's share)."""
+        return self.layers[0].num_kv_heads
 
     def init_rotary(self, device: torch.device, dtype: torch.dtype,
                     freq_factors: torch.Tensor | None = None) -> None:
@@ -93,21 +109,34 @@ class CausalLM(nn.Module):
         self.rotary.ensure(attn.max_context_len)
         cos, sin = self.rotary.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device)
-        x = self.embed_tokens(input_ids)
+        x = self._embed(input_ids)
         for layer, cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, cache, plan)
         return self.norm(x)
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tensor_group is None:
+            return self.embed_tokens(input_ids)
+        # vocabulary-parallel: rows for this rank's ids, zeros for the others', summed over ranks
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed_tokens.num_embeddings)
+        x = self.embed_tokens(torch.where(mine, local, 0)) * mine[:, None]
+        return self.tensor_group.all_reduce(x)
+
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 [R, V]; with tensor parallelism the whole vocabulary's on
+        rank 0 and None on the other ranks."""
+        logits = self.lm_head(hidden).float()
+        return logits if self.tensor_group is None else self.tensor_group.gather_vocab(logits)
 
 
-def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype, device) -> list[KVCache]:
+def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype, device,
+                      num_kv_heads: int | None = None) -> list[KVCache]:
     """Zeroed K and V tensors per layer. On the CPU the zeros come from
     calloc (numpy), whose pages the OS maps on first write: a large pool
     costs nothing until it is used, where writing zeros into it took seconds."""
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    shape = (num_blocks, block_size, num_kv_heads or config.num_kv_heads, config.head_dim)
     return [(_zeros(shape, dtype, device), _zeros(shape, dtype, device))
             for _ in range(config.num_layers)]
 

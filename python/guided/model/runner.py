@@ -40,32 +40,41 @@ class ModelRunner:
         self.block_size = block_size
         tokens = kv_cache_tokens if kv_cache_tokens is not None else \
             min(self._kv_budget_bytes() // self.kv_bytes_per_token(), max_num_seqs * max_model_len)
+        self.group = loaded.tensor_group
+        if self.group is not None:
+            # rank 0's block tables address every rank's cache: the same block count on all
+            agreed = self.group.agree_min(tokens)
+            if agreed < tokens:
+                log.info("KV cache: %d tokens, the most every tensor-parallel rank holds "
+                            "(this rank could hold %d)", agreed, tokens)
+            tokens = agreed
         if tokens < block_size:
             raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
                              f"({block_size} tokens)")
         self.num_blocks = tokens // block_size
         self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
-                                           loaded.kv_dtype, self.device)
+                                           loaded.kv_dtype, self.device, self.model.num_kv_heads)
 
-    def _torch_threads(self, plan) -> int:
-        """With quantized weights, a step of few tokens runs torch on one thread
-        (returns the count to restore after the step: torch's setting is the process's).
+    def _step_threads(self, plan) -> int | None:
+        """The torch threads for this step, where not torch's own setting (the
+        process's: set for the step and restored after it).
 
-        Its linears run in the kernels' own threads (rust/pool.rs), and its
+        With quantized weights a step of few tokens runs torch on one thread:
+        its linears run in the kernels' own threads (rust/pool.rs), and its
         other ops are too small for torch to split, yet torch's idle OpenMP
         threads spin after every op on the cores the kernels need (2-core
         AVX2 EPYC, batch 1: 22 → 53 tok/s; batch 16: 70 → 137). A step of
         many tokens (a prefill) multiplies dense copies: all threads.
+        Tensor-parallel ranks on one host split its cores.
         """
-        before = torch.get_num_threads()
-        if plan.num_tokens < DENSE_FROM_ROWS_DEFAULT and before != 1:
-            torch.set_num_threads(1)
-        return before
+        if self.loaded.weight_formats and plan.num_tokens < DENSE_FROM_ROWS_DEFAULT:
+            return 1
+        return self.group.threads if self.group is not None else None
 
     def kv_bytes_per_token(self) -> int:
         mc = self.loaded.config
         element = torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
-        return 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * element
+        return 2 * mc.num_layers * self.model.num_kv_heads * mc.head_dim * element
 
     def _kv_budget_bytes(self) -> int:
         """What the KV pool may take on this device, by default."""
@@ -82,14 +91,20 @@ class ModelRunner:
     def execute(self, plan) -> np.ndarray | None:
         """The forward pass of one step (a ``_native.StepPlan``): the KV cache
         is written for every scheduled token, and the logits of the rows that
-        sample come back as float32 [R, V] on the host (None if no row samples)."""
-        if not self.loaded.weight_formats:
-            return self._execute(plan)
-        threads = self._torch_threads(plan)
-        try:
-            return self._execute(plan)
-        finally:
+        sample come back as float32 [R, V] on the host (None if no row samples,
+        and on tensor-parallel ranks other than 0, which take
+        ``parallel.StepArrays``)."""
+        threads, before = self._step_threads(plan), torch.get_num_threads()
+        if threads is not None and threads != before:
             torch.set_num_threads(threads)
+        try:
+            if self.group is None:
+                return self._execute(plan)
+            with self.group.step(plan):   # rank 0 sends the step's arrays first
+                return self._execute(plan)
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
 
     def _execute(self, plan) -> np.ndarray | None:
         dev = self.device
@@ -103,4 +118,4 @@ class ModelRunner:
         if len(plan.logits_indices) == 0:
             return None
         logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
-        return logits.float().cpu().numpy()
+        return None if logits is None else logits.float().cpu().numpy()

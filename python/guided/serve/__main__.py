@@ -10,6 +10,8 @@ from pathlib import Path
 import uvicorn
 
 from guided import LLM
+from guided.model.parallel import launched_rank
+from guided.model.worker import run_worker
 
 from .admission import ConstraintPolicy
 from .app import DEFAULT_MAX_QUEUE, create_app
@@ -55,6 +57,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                     help="sequences that may wait beyond --max-num-seqs running ones; "
                          "more get 503 with Retry-After")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                    help="split the model over N processes (torch.distributed: gloo on CPU, NCCL "
+                         "on CUDA). Started here on this host; under torchrun or with RANK, "
+                         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (several hosts) rank 0 serves "
+                         "and the other ranks run the forward pass only")
     ap.add_argument("--replicas", type=int, default=1,
                     help="run N engine processes on loopback ports behind vllm-router on "
                          "--host/--port (guided/serve/fleet.py)")
@@ -76,10 +83,13 @@ def main(argv=None) -> None:
     if args.replicas > 1:
         run_fleet(args, argv)
         return
+    if args.tensor_parallel_size > 1 and launched_rank():
+        run_worker()   # a rank other than 0: rank 0 serves, and says what to load
+        return
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
-              chat_template=args.chat_template)
+              chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size)
     names = args.served_model_name or [Path(llm.loaded.path).stem]
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,
@@ -89,6 +99,9 @@ def main(argv=None) -> None:
                      policy=policy, max_queue=args.max_queue)
     logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", ", ".join(names),
                                            args.host, args.port)
+    # after the engine thread stops: the tensor-parallel ranks (uvicorn re-raises SIGTERM
+    # once it has shut down, so nothing after run() would get to it)
+    app.router.on_shutdown.append(llm.close)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 
