@@ -12,6 +12,10 @@
 //! and the identity of the block it was chained to, so a hash collision
 //! (FNV is not collision resistant, and prompts come from clients) can never
 //! hand one request another's KV.
+//!
+//! When asked, the manager records what enters and leaves the cache
+//! ([`CacheEvent`]): a router that routes by what each replica holds reads
+//! them (vLLM's KV-cache events, published by python/guided/serve/kv_events.py).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -49,6 +53,16 @@ fn splitmix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// A change to the prefix cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// A full block entered the cache: its hash, its parent's (`None` for a
+    /// sequence's first block) and its token ids.
+    Stored { hash: u64, parent: Option<u64>, tokens: Vec<u32> },
+    /// A cached block was evicted (its block now holds other content).
+    Removed { hash: u64 },
 }
 
 /// The blocks one sequence holds, plus what it knows about its full blocks'
@@ -117,6 +131,8 @@ pub struct BlockManager {
     tokens_of: Vec<Vec<u32>>,
     parent_of: Vec<Link>,
     generation: Vec<u32>,
+    /// The cache's changes since they were last taken, while recorded.
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl BlockManager {
@@ -137,7 +153,18 @@ impl BlockManager {
             tokens_of: vec![Vec::new(); num_blocks],
             parent_of: vec![ROOT; num_blocks],
             generation: vec![0; num_blocks],
+            events: None,
         }
+    }
+
+    /// Record [`CacheEvent`]s from now on (`take_events` drains them).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache's changes since the last call, oldest first (none unless recorded).
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -272,7 +299,7 @@ impl BlockManager {
                 Some(p) => seq.links[p],
             };
             let hash = hash_block(parent_hash, chunk);
-            let link = parent_link.and_then(|pl| self.cache_block(seq.table[i], hash, chunk, pl));
+            let link = parent_link.and_then(|pl| self.cache_block(seq.table[i], hash, parent_hash, chunk, pl));
             seq.hashes.push(hash);
             seq.links.push(link);
         }
@@ -310,7 +337,14 @@ impl BlockManager {
     /// Cache `block` under `hash` unless an identical block already is;
     /// returns the link of the block that holds this content, or `None` on a
     /// hash collision with different content.
-    fn cache_block(&mut self, block: BlockId, hash: u64, tokens: &[u32], parent: Link) -> Option<Link> {
+    fn cache_block(
+        &mut self,
+        block: BlockId,
+        hash: u64,
+        parent_hash: Option<u64>,
+        tokens: &[u32],
+        parent: Link,
+    ) -> Option<Link> {
         if !self.caching {
             return None;
         }
@@ -327,6 +361,9 @@ impl BlockManager {
         self.hash_of[b] = Some(hash);
         self.tokens_of[b] = tokens.to_vec();
         self.parent_of[b] = parent;
+        if let Some(events) = &mut self.events {
+            events.push(CacheEvent::Stored { hash, parent: parent_hash, tokens: tokens.to_vec() });
+        }
         Some(self.link(block))
     }
 
@@ -373,6 +410,9 @@ impl BlockManager {
         let b = block as usize;
         if let Some(hash) = self.hash_of[b].take() {
             self.cache.remove(&hash);
+            if let Some(events) = &mut self.events {
+                events.push(CacheEvent::Removed { hash });
+            }
         }
         self.tokens_of[b].clear();
         self.parent_of[b] = ROOT;
@@ -446,6 +486,28 @@ mod tests {
         assert_eq!(bm.lookup(&[1, 2, 3, 4, 5]).num_blocks(), 1);
         assert_eq!(bm.lookup(&[1, 2, 9]).num_blocks(), 1);
         bm.free(&mut b);
+    }
+
+    #[test]
+    fn recorded_events_chain_stores_and_name_evictions() {
+        let mut bm = BlockManager::new(3, 2, true);
+        let mut a = seq_with(&mut bm, &[1, 2, 3, 4, 5]);
+        assert!(bm.take_events().is_empty(), "nothing is recorded until asked");
+        bm.free(&mut a);
+        bm.record_events();
+        let mut b = seq_with(&mut bm, &[1, 2, 7, 8, 9]);
+        let first = hash_block(None, &[1, 2]);
+        let second = hash_block(Some(first), &[7, 8]);
+        // [1, 2] is a hit; [7, 8] needs a block: the free one, then the LRU tail [3, 4] of `a`
+        assert_eq!(bm.take_events(), vec![
+            CacheEvent::Removed { hash: hash_block(Some(first), &[3, 4]) },
+            CacheEvent::Stored { hash: second, parent: Some(first), tokens: vec![7, 8] },
+        ]);
+        bm.free(&mut b);
+        // the same content again (in another block): already announced
+        let mut again = seq_with(&mut bm, &[1, 2, 7, 8]);
+        assert!(bm.take_events().is_empty(), "content already cached stores nothing new");
+        bm.free(&mut again);
     }
 
     #[test]
@@ -560,6 +622,9 @@ mod tests {
         fn block_accounting_holds(ops in prop::collection::vec(op(), 1..60), caching in any::<bool>()) {
             let bs = 4;
             let mut bm = BlockManager::new(24, bs, caching);
+            bm.record_events();
+            // the cache as a router rebuilds it from the events
+            let mut announced: HashMap<u64, Vec<u32>> = HashMap::new();
             let mut live: Vec<Live> = Vec::new();
             for op in ops {
                 match op {
@@ -612,6 +677,21 @@ mod tests {
                     _ => {}
                 }
                 check_invariants(&bm, &live);
+                for event in bm.take_events() {
+                    match event {
+                        CacheEvent::Stored { hash, tokens, .. } => {
+                            prop_assert!(announced.insert(hash, tokens).is_none(), "stored twice");
+                        }
+                        CacheEvent::Removed { hash } => {
+                            prop_assert!(announced.remove(&hash).is_some(), "removed unannounced");
+                        }
+                    }
+                }
+                prop_assert_eq!(announced.len(), bm.cache.len());
+                for (hash, tokens) in &announced {
+                    let block = bm.cache[hash] as usize;
+                    prop_assert_eq!(&bm.tokens_of[block], tokens);
+                }
             }
             for mut s in live.drain(..) {
                 bm.free(&mut s.blocks);

@@ -6,6 +6,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2,
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::block_manager::CacheEvent;
 use crate::python_grammar::PyGrammar;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
 use crate::sequence::{RequestParams, Steering};
@@ -125,6 +126,21 @@ impl PyScheduler {
 
     fn stats(&self) -> HashMap<&'static str, usize> {
         self.inner.stats().into_iter().collect()
+    }
+
+    fn record_cache_events(&mut self) {
+        self.inner.record_cache_events()
+    }
+
+    fn take_cache_events(&mut self) -> Vec<(bool, u64, Option<u64>, Vec<u32>)> {
+        self.inner
+            .take_cache_events()
+            .into_iter()
+            .map(|e| match e {
+                CacheEvent::Stored { hash, parent, tokens } => (true, hash, parent, tokens),
+                CacheEvent::Removed { hash } => (false, hash, None, Vec::new()),
+            })
+            .collect()
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
-use crate::block_manager::BlockManager;
+use crate::block_manager::{BlockManager, CacheEvent};
 use crate::grammar::Grammar;
 use crate::masks::{MaskBatch, MaskJob, MaskRow};
 use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
@@ -237,6 +237,16 @@ impl Scheduler {
 
     pub fn sequence(&self, seq_id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&seq_id)
+    }
+
+    /// Record the prefix cache's changes from now on (see `take_cache_events`).
+    pub fn record_cache_events(&mut self) {
+        self.bm.record_events();
+    }
+
+    /// What entered and left the prefix cache since the last call.
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.bm.take_events()
     }
 
     pub fn counters(&self) -> Counters {

@@ -195,6 +195,13 @@ class Scheduler:
         rest was hidden behind the forward pass), mask_rows,
         num_running, num_waiting, num_free_blocks (free or evictable),
         num_cached_blocks, num_blocks."""
+    def record_cache_events(self) -> None:
+        """Record what enters and leaves the prefix cache from now on."""
+    def take_cache_events(self) -> list[tuple[bool, int, int | None, list[int]]]:
+        """The prefix cache's changes since the last call, oldest first: per
+        full block stored ``(True, hash, parent hash or None, token ids)``,
+        per block evicted ``(False, hash, None, [])``. Hashes are the cache's
+        own (unsigned 64-bit, chained over the parent's)."""
 
 @final
 class GrammarCompiler:

@@ -62,16 +62,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "on CUDA). Started here on this host; under torchrun or with RANK, "
                          "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (several hosts) rank 0 serves "
                          "and the other ranks run the forward pass only")
+    ap.add_argument("--kv-events-endpoint", default=None, metavar="ZMQ_ENDPOINT",
+                    help="publish the prefix cache's changes (vLLM's KV-events format) on this ZMQ "
+                         "PUB endpoint, e.g. tcp://*:5557, for vllm-router's kv_aware policy "
+                         "(--kv-event-source URL=tcp://HOST:5557)")
+    ap.add_argument("--kv-events-replay-endpoint", default=None, metavar="ZMQ_ENDPOINT",
+                    help="where a router that missed events asks for them again (ZMQ ROUTER), "
+                         "e.g. tcp://*:5558 (--kv-event-replay-source)")
     ap.add_argument("--replicas", type=int, default=1,
                     help="run N engine processes on loopback ports behind vllm-router on "
                          "--host/--port (guided/serve/fleet.py)")
     ap.add_argument("--router-policy", default="cache_aware",
-                    choices=["cache_aware", "round_robin", "power_of_two", "random"],
-                    help="how vllm-router picks a replica (with --replicas)")
+                    choices=["cache_aware", "kv_aware", "round_robin", "power_of_two", "random"],
+                    help="how vllm-router picks a replica (with --replicas). cache_aware: by the "
+                         "prompts it sent each replica; kv_aware: by what each replica's prefix "
+                         "cache holds, from its KV events (evictions included)")
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     if args.replicas < 1:
         ap.error("--replicas must be at least 1")
+    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+        ap.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
     return args
 
 
@@ -95,8 +106,13 @@ def main(argv=None) -> None:
                               allow_special_tokens=args.allow_grammar_special_tokens,
                               max_grammar_bytes=args.max_grammar_bytes,
                               max_compile_seconds=args.max_grammar_compile_seconds)
+    kv_events = None
+    if args.kv_events_endpoint:
+        from .kv_events import KvEventPublisher
+        kv_events = KvEventPublisher(args.kv_events_endpoint, args.kv_events_replay_endpoint,
+                                     llm.engine.config.block_size)
     app = create_app(llm, names, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar,
-                     policy=policy, max_queue=args.max_queue)
+                     policy=policy, max_queue=args.max_queue, kv_events=kv_events)
     logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", ", ".join(names),
                                            args.host, args.port)
     # after the engine thread stops: the tensor-parallel ranks (uvicorn re-raises SIGTERM

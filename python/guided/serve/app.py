@@ -59,14 +59,16 @@ class KeyAndCount:
 
 def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None,
                enable_tool_grammar: bool = False, policy: ConstraintPolicy | None = None,
-               max_queue: int = DEFAULT_MAX_QUEUE) -> FastAPI:
+               max_queue: int = DEFAULT_MAX_QUEUE, kv_events=None) -> FastAPI:
     """``model_name``: the id(s) clients may send; ``enable_tool_grammar``:
     enforce the tool-call grammar for tool_choice="auto" too (DESIGN rule 8;
     "required" and a named tool are always enforced); ``policy``: which
     client constraints are allowed and their limits; ``max_queue``: requests'
-    sequences that may wait beyond the running ones before a 503."""
+    sequences that may wait beyond the running ones before a 503;
+    ``kv_events``: a ``kv_events.KvEventPublisher`` for the prefix cache's
+    changes (closed with the app)."""
     app = FastAPI(title="guided")
-    engine = AsyncEngine(llm.engine)
+    engine = AsyncEngine(llm.engine, kv_events)
     metrics = Metrics(lambda: engine.stats)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     s = ServerState(llm, engine, metrics,
@@ -80,6 +82,8 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     @app.on_event("shutdown")
     def stop_engine() -> None:
         engine.shutdown()
+        if kv_events is not None:
+            kv_events.close()
 
     @app.get("/health")
     async def health():

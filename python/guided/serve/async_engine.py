@@ -12,10 +12,13 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from ..engine import Engine, RequestGrammar, StepUpdate
 from ..sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .kv_events import KvEventPublisher
 
 log = logging.getLogger("guided.serve")
 
@@ -34,8 +37,13 @@ class _Submission:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, kv_events: KvEventPublisher | None = None):
+        """``kv_events``: where each step's prefix-cache changes go (a router
+        reads them), if anywhere."""
         self.engine = engine
+        self.kv_events = kv_events
+        if kv_events is not None:
+            engine.scheduler.record_cache_events()
         self.stats: dict[str, int] = engine.stats()  # snapshot taken by the engine thread
         self._inbox: queue.SimpleQueue[_Submission | int] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -87,6 +95,8 @@ class AsyncEngine:
                 log.exception(FAILED_STEP)
                 updates = self.engine.fail_all(f"{FAILED_STEP}: {exc}")
             self.stats = self.engine.stats()
+            if self.kv_events is not None:
+                self.kv_events.publish(self.engine.scheduler.take_cache_events())
             for update in updates:
                 self._deliver(update)
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..processes import die_with_parent, free_port
@@ -32,7 +33,8 @@ from ..processes import die_with_parent, free_port
 log = logging.getLogger("guided.serve.fleet")
 
 #: options of this process that the replicas do not get
-FLEET_OPTIONS = {"--replicas": True, "--router-policy": True, "--host": True, "--port": True}
+FLEET_OPTIONS = {"--replicas": True, "--router-policy": True, "--host": True, "--port": True,
+                 "--kv-events-endpoint": True, "--kv-events-replay-endpoint": True}
 
 
 def replica_argv(argv: list[str]) -> list[str]:
@@ -65,11 +67,34 @@ def router_command() -> str:
     return found
 
 
+@dataclass
+class _KvEvents:
+    replica_args: list[list[str]]   # per replica: where it publishes
+    router_args: list[str]          # where the router reads them
+
+
+def _kv_events(args, urls: list[str]) -> _KvEvents:
+    """kv_aware: each replica publishes its prefix cache's changes (and
+    replays missed ones) on two loopback ports; the router subscribes to all."""
+    from ..engine import EngineConfig
+    from ..model.loader import model_path
+    replica_args, router_args = [], []
+    for url in urls:
+        pub, replay = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+        replica_args.append(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay])
+        router_args += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
+    # the router indexes events under one model name: the one the replicas serve first
+    name = (args.served_model_name or [Path(model_path(args.model)).stem])[0]
+    return _KvEvents(replica_args, router_args + [
+        "--kv-event-block-size", str(EngineConfig.block_size), "--kv-event-model", name])
+
+
 def run_fleet(args, argv: list[str]) -> None:
     router = router_command()
     ports = [free_port() for _ in range(args.replicas)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     rest = replica_argv(argv)
+    events = _kv_events(args, urls) if args.router_policy == "kv_aware" else None
     env = dict(os.environ)
     # the replicas share this machine's cores: one torch thread pool each, split
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.replicas)))
@@ -90,9 +115,11 @@ def run_fleet(args, argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for port in ports:
-        procs.append(subprocess.Popen([sys.executable, "-m", "guided.serve", *rest, "--host", "127.0.0.1",
-                                       "--port", str(port)], env=env, preexec_fn=die_with_parent))
+    for i, port in enumerate(ports):
+        own = events.replica_args[i] if events else []
+        procs.append(subprocess.Popen([sys.executable, "-m", "guided.serve", *rest, *own, "--host",
+                                       "127.0.0.1", "--port", str(port)], env=env,
+                                      preexec_fn=die_with_parent))
     log.info("starting %d replicas on %s", len(ports), ", ".join(urls))
     while not all(_healthy(u) for u in urls):
         if any(p.poll() is not None for p in procs):
@@ -101,7 +128,7 @@ def run_fleet(args, argv: list[str]) -> None:
         time.sleep(0.5)
     procs.append(subprocess.Popen(
         [router, "--worker-urls", *urls, "--policy", args.router_policy, "--host", args.host,
-         "--port", str(args.port),
+         "--port", str(args.port), *(events.router_args if events else []),
          # a replica that stops answering is out within seconds: two failed requests open its
          # circuit breaker (the router retries elsewhere), two failed health checks 3 s apart
          # take it out; a busy one has 5 s to answer a health check
