@@ -25,10 +25,12 @@ With --replicas N, the same workloads also run through `--replicas N`
 (vllm-router's cache_aware policy in front of N engine processes) and the
 throughput ratio to one replica is printed; then 8 three-turn tool
 conversations (distinct long system prompts) run concurrently through the
-fleet under cache_aware and under round_robin routing, and the share of
-turn 2-3 prompt tokens found in the prefix cache is printed for each. On one
-machine the replicas share its cores: this measures the router's overhead
-and its routing, not added compute.
+fleet under cache_aware, kv_aware (the replicas' KV events) and round_robin
+routing, with the default KV pool and with one of 2,048 tokens per replica
+that the conversations overflow, and the share of turn 2-3 prompt tokens
+found in the prefix cache is printed for each. On one machine the replicas
+share its cores: this measures the router's overhead and its routing, not
+added compute.
 """
 from __future__ import annotations
 
@@ -171,22 +173,32 @@ async def conversation_hits(base: str, conversations: int = 8) -> float:
     return sum(c for c, _ in counts) / sum(p for _, p in counts)
 
 
+#: routing policies compared by cache hits; KV pools per replica: the default, and one that
+#: 8 conversations overflow (so replicas evict, which only kv_aware's events tell the router)
+POLICIES = ("cache_aware", "kv_aware", "round_robin")
+POOLS = (None, 2048)
+
+
 def fleet(args, ours: dict) -> list[dict]:
     """--replicas N against one replica: throughput, then cache hits by policy."""
     label = f"guided×{args.replicas}"
-    with running_server("--replicas", str(args.replicas), "--max-num-seqs", "64") as base:
+    replicas = ("--replicas", str(args.replicas))
+    with running_server(*replicas, "--max-num-seqs", "64") as base:
         theirs = measure(label, f"guided, {args.replicas} replicas + vllm-router", base, list(WORKLOADS), args)
-        hits = {"cache_aware": asyncio.run(conversation_hits(base))}
-    with running_server("--replicas", str(args.replicas), "--router-policy", "round_robin") as base:
-        hits["round_robin"] = asyncio.run(conversation_hits(base))
+    hits = {}
+    for pool in POOLS:
+        for policy in POLICIES:
+            sized = ("--kv-cache-tokens", str(pool)) if pool else ()
+            with running_server(*replicas, "--router-policy", policy, *sized) as base:
+                hits[policy, pool] = asyncio.run(conversation_hits(base))
     print(f"\nthroughput {label} (one machine's cores shared) / one replica:")
     for key, r in theirs.items():
         print(f"  {key[0]:5} N={key[1]:<3} {r['tok_s'] / ours[key]['tok_s']:6.2f}x")
     print("prefix-cache hits on turns 2-3 of 8 concurrent tool conversations:")
-    for policy, share in hits.items():
-        print(f"  {policy:12} {share:6.1%}")
-    return [*theirs.values(), *({"server": label, "router_policy": p, "turn2_3_cached_share": h}
-                                for p, h in hits.items())]
+    for (policy, pool), share in hits.items():
+        print(f"  {policy:12} KV pool {pool or 'default':>7} tokens/replica {share:6.1%}")
+    return [*theirs.values(), *({"server": label, "router_policy": p, "kv_cache_tokens": pool,
+                                 "turn2_3_cached_share": h} for (p, pool), h in hits.items())]
 
 
 def main() -> None:

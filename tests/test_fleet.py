@@ -54,12 +54,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    """(base URL, the parent process) of `--replicas 2`."""
+def _start_fleet(*extra: str):
+    """(base URL, the parent process) of `--replicas 2` with ``extra`` options."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "guided.serve", "--replicas", "2", "--port", str(port),
-                             "--kv-cache-tokens", "16384", "--max-num-seqs", "8", "--log-level", "warning"])
+                             "--kv-cache-tokens", "16384", "--max-num-seqs", "8", "--log-level", "warning",
+                             *extra])
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while True:
@@ -71,6 +71,13 @@ def fleet():
             pass
         assert time.time() < deadline, "the fleet did not come up"
         time.sleep(0.5)
+    return base, proc
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    """(base URL, the parent process) of `--replicas 2` (cache_aware routing)."""
+    base, proc = _start_fleet()
     yield base, proc
     if proc.poll() is None:
         proc.kill()
@@ -94,10 +101,8 @@ def _conversation(client, model: str, i: int) -> list:
     return turns
 
 
-def test_conversations_keep_their_replica_cache(fleet):
-    base, _ = fleet
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-    model = client.models.list().data[0].id
+def _conversations_keep_their_cache(client, model: str) -> None:
+    """4 concurrent 3-turn tool conversations: turns 2 and 3 find the previous turn in the cache."""
     with ThreadPoolExecutor(4) as pool:
         conversations = list(pool.map(lambda i: _conversation(client, model, i), range(4)))
     for turns in conversations:
@@ -106,6 +111,13 @@ def test_conversations_keep_their_replica_cache(fleet):
             previous = before.usage.prompt_tokens + before.usage.completion_tokens
             cached = after.usage.prompt_tokens_details.cached_tokens
             assert cached >= 0.9 * previous, (cached, previous)
+
+
+def test_conversations_keep_their_replica_cache(fleet):
+    base, _ = fleet
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    _conversations_keep_their_cache(client, model)
     # the other APIs go through the router too
     r = client.responses.create(model=model, input="Say hi", max_output_tokens=4)
     assert r.status in ("completed", "incomplete")
@@ -130,3 +142,34 @@ def test_a_killed_replica_is_taken_out_and_stopping_leaves_nothing(fleet):
     while time.time() < deadline and any(_alive(p) for p in children):
         time.sleep(0.2)
     assert not [p for p in children if _alive(p)], "a process of the fleet was left running"
+
+
+def _samples(text: str) -> dict[str, list]:
+    from prometheus_client.parser import text_string_to_metric_families
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_kv_aware_routes_by_the_replicas_cache_events_in_one_metrics_view():
+    """--router-policy kv_aware: the router reads each replica's KV events
+    (its placement lookups hit) and keeps conversations on their cache;
+    --metrics-port shows the router's and both replicas' metrics at once."""
+    metrics = free_port()
+    base, proc = _start_fleet("--router-policy", "kv_aware", "--metrics-port", str(metrics))
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        _conversations_keep_their_cache(client, model)
+        status, body = get(f"http://127.0.0.1:{metrics}/metrics")
+        assert status == 200
+        families = _samples(body.decode() if isinstance(body, bytes) else body)
+        hits = [x for x in families["vllm_router_kv_placement_lookups"]
+                if x.labels.get("result") == "hit" and x.labels["source"] == "router"]
+        assert hits and hits[0].value > 0, "the router found nothing from the replicas' events"
+        up = {x.labels["replica"]: x.value for x in families["guided_fleet_replica_up"]}
+        assert up == {"0": 1.0, "1": 1.0}
+        prompts = {x.labels["replica"]: x.value for x in families["guided_prompt_tokens"]
+                   if x.name.endswith("_total")}
+        assert set(prompts) == {"0", "1"} and sum(prompts.values()) > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -69,13 +69,21 @@ def test_two_ranks_give_the_whole_models_greedy_tokens(llm, tp2):
                                 TOOLS[0]["function"]["parameters"])
 
 
-def test_the_kv_cache_is_split_by_heads(tp2):
+def test_the_kv_cache_is_split_by_heads_and_each_rank_reports_its_steps(tp2):
     group = tp2.loaded.tensor_group
     assert (group.rank, group.size, group.backend) == (0, 2, "gloo")
     assert list(group.split.kv_heads) == [0, 1] and list(group.split.heads) == list(range(6))
     k_cache, _ = tp2.engine.runner.kv_caches[0]
     assert k_cache.shape[2] == 2   # this rank's 2 of the model's 3 KV heads
     assert tp2.engine.runner.num_blocks == 8192 // 16
+    # the server's /metrics reads every rank's forward passes (rank 1 reports each second)
+    from prometheus_client import generate_latest
+    from guided.serve.metrics import Metrics
+    tp2.generate("Hello", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    (_, steps0, _), (rank1, steps1, seconds1) = group.rank_stats()
+    assert rank1 == 1 and 0 < steps1 <= steps0 and seconds1 > 0
+    text = generate_latest(Metrics(dict, group.rank_stats).registry).decode()
+    assert 'guided_tensor_parallel_steps_total{rank="1"}' in text
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -62,6 +62,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 HEARTBEAT_SECONDS = 30.0
 #: how long rank 0 waits for the other ranks to load their parts
 START_TIMEOUT = timedelta(minutes=30)
+#: how often the other ranks report their step counts and times to rank 0 (metrics)
+STATS_SECONDS = 1.0
 
 _STOP, _STEP, _BEAT = 0, 1, 2
 _HEADER = 8   # command, T, B, M (block-table columns), R, max_query_len, max_context_len, decode-only
@@ -75,6 +77,10 @@ def failed(rank: int) -> str:
 
 def _loaded(rank: int) -> str:
     return f"guided/loaded/{rank}"
+
+
+def _stats(rank: int) -> str:
+    return f"guided/stats/{rank}"
 
 
 def _even(n: int, size: int, rank: int) -> range:
@@ -205,7 +211,10 @@ class TensorGroup:
         self.split: TensorSplit | None = None   # set by shard()
         self.broken: str | None = None
         self._lock = threading.Lock()
-        self._last = time.monotonic()
+        self._store_lock = threading.Lock()   # the store's client is used from several threads
+        self._last = self._reported = time.monotonic()
+        #: this rank's forward passes and the seconds they took (step broadcast included)
+        self.steps, self.forward_seconds = 0, 0.0
         self._connected = self._closed = False
 
     # -- start and stop ----------------------------------------------------
@@ -308,6 +317,7 @@ class TensorGroup:
             if self.broken is not None:
                 raise RuntimeError(f"the tensor-parallel group is broken ({self.broken}); "
                                    "restart the engine")
+            start = time.monotonic()
             try:
                 if self.rank == 0:
                     self._send_step(plan)
@@ -317,6 +327,23 @@ class TensorGroup:
                 raise
             finally:
                 self._last = time.monotonic()
+                self.steps += 1
+                self.forward_seconds += self._last - start
+        if self.rank != 0 and self._last - self._reported >= STATS_SECONDS:
+            self._reported = self._last
+            with self._store_lock:
+                self.store.set(_stats(self.rank), f"{self.steps} {self.forward_seconds}")
+
+    def rank_stats(self) -> list[tuple[int, int, float]]:
+        """(rank, steps, forward seconds) of every rank, as each last reported
+        (the other ranks every STATS_SECONDS; a rank not heard from yet is left out)."""
+        out = [(0, self.steps, self.forward_seconds)]
+        with self._store_lock:
+            for r in range(1, self.size):
+                if self.store.check([_stats(r)]):
+                    steps, seconds = self.store.get(_stats(r)).decode().split()
+                    out.append((r, int(steps), float(seconds)))
+        return out
 
     def _send_step(self, plan) -> None:
         tables = plan.block_tables

@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="how vllm-router picks a replica (with --replicas). cache_aware: by the "
                          "prompts it sent each replica; kv_aware: by what each replica's prefix "
                          "cache holds, from its KV events (evictions included)")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="with --replicas: one Prometheus /metrics on this port for the whole fleet "
+                         "(the router's metrics and every replica's, labelled replica=\"i\")")
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args(argv)
     if args.replicas < 1:

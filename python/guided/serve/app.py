@@ -69,7 +69,8 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     changes (closed with the app)."""
     app = FastAPI(title="guided")
     engine = AsyncEngine(llm.engine, kv_events)
-    metrics = Metrics(lambda: engine.stats)
+    group = llm.loaded.tensor_group
+    metrics = Metrics(lambda: engine.stats, group.rank_stats if group is not None else None)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     s = ServerState(llm, engine, metrics,
                     Admission(llm.engine.config.max_num_seqs, max_queue),

@@ -1,7 +1,11 @@
 """`python -m guided.serve --replicas N`: N engine processes on loopback
 ports behind vllm-router (PyPI; Rust), which keeps each conversation on the
 replica whose prefix cache holds it (its cache_aware policy: the replica
-whose past requests share the longest prefix with this one).
+whose past requests share the longest prefix with this one). With
+``--router-policy kv_aware`` each replica publishes its prefix cache's
+changes (serve/kv_events.py) and the router routes by what each replica
+actually holds, evictions included. ``--metrics-port`` serves one Prometheus
+view of the router and every replica (FleetMetrics).
 
 This process only starts and watches: the replicas are `python -m
 guided.serve` with the same options, the router listens on --host/--port.
@@ -34,7 +38,8 @@ log = logging.getLogger("guided.serve.fleet")
 
 #: options of this process that the replicas do not get
 FLEET_OPTIONS = {"--replicas": True, "--router-policy": True, "--host": True, "--port": True,
-                 "--kv-events-endpoint": True, "--kv-events-replay-endpoint": True}
+                 "--kv-events-endpoint": True, "--kv-events-replay-endpoint": True,
+                 "--metrics-port": True}
 
 
 def replica_argv(argv: list[str]) -> list[str]:
@@ -65,6 +70,43 @@ def router_command() -> str:
     if not os.path.exists(found):
         raise SystemExit("--replicas needs vllm-router (pip install vllm-router; make setup installs it)")
     return found
+
+
+class FleetMetrics:
+    """One Prometheus view of the fleet (``--metrics-port``): the router's
+    own metrics with ``source="router"``, and each replica's /metrics with
+    ``replica="i"`` (and its URL), read at each scrape. A replica that does not
+    answer is reported by ``guided_fleet_replica_up 0``."""
+
+    def __init__(self, router_metrics: str, replica_urls: list[str]):
+        self.sources = [({"source": "router"}, router_metrics)] + [
+            ({"replica": str(i), "replica_url": url}, url + "/metrics")
+            for i, url in enumerate(replica_urls)]
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.parser import text_string_to_metric_families
+
+        merged: dict[str, object] = {}
+        up = GaugeMetricFamily("guided_fleet_replica_up", "Whether the replica answered this scrape",
+                               labels=["replica", "replica_url"])
+        for labels, url in self.sources:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                if "replica" in labels:
+                    up.add_metric([labels["replica"], labels["replica_url"]], 0)
+                continue
+            if "replica" in labels:
+                up.add_metric([labels["replica"], labels["replica_url"]], 1)
+            for family in text_string_to_metric_families(text):
+                family.samples = [x._replace(labels={**x.labels, **labels}) for x in family.samples]
+                into = merged.setdefault(family.name, family)
+                if into is not family:
+                    into.samples.extend(family.samples)
+        yield up
+        yield from merged.values()
 
 
 @dataclass
@@ -126,6 +168,7 @@ def run_fleet(args, argv: list[str]) -> None:
             log.error("a replica exited while starting; stopping the fleet")
             stop(code=1)
         time.sleep(0.5)
+    router_metrics_port = free_port()
     procs.append(subprocess.Popen(
         [router, "--worker-urls", *urls, "--policy", args.router_policy, "--host", args.host,
          "--port", str(args.port), *(events.router_args if events else []),
@@ -134,10 +177,17 @@ def run_fleet(args, argv: list[str]) -> None:
          # take it out; a busy one has 5 s to answer a health check
          "--cb-failure-threshold", "2", "--health-check-interval-secs", "3", "--health-failure-threshold", "2",
          # the router's own Prometheus exporter, on a free loopback port (its default may be taken)
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router_metrics_port),
          "--log-level", "warning" if args.log_level.lower() == "warning" else "info"],
         preexec_fn=die_with_parent))
     log.info("vllm-router (%s) on http://%s:%d/v1 in front of them", args.router_policy, args.host, args.port)
+    if args.metrics_port:
+        from prometheus_client import CollectorRegistry, start_http_server
+        registry = CollectorRegistry()
+        registry.register(FleetMetrics(f"http://127.0.0.1:{router_metrics_port}/metrics", urls))
+        start_http_server(args.metrics_port, args.host, registry)
+        log.info("the fleet's metrics (router and replicas) on http://%s:%d/metrics", args.host,
+                 args.metrics_port)
     reported: set[int] = set()
     while True:
         time.sleep(1)

@@ -52,10 +52,32 @@ def _derived(stats: dict):
                             value=stats.get("prefix_cache_hit_tokens", 0) / queries if queries else 0.0)
 
 
+class _RankCollector:
+    """Per tensor-parallel rank: forward passes and their seconds."""
+
+    def __init__(self, read_ranks):
+        self.read_ranks = read_ranks
+
+    def collect(self):
+        steps = CounterMetricFamily("guided_tensor_parallel_steps", "forward passes run by each "
+                                    "tensor-parallel rank", labels=["rank"])
+        seconds = CounterMetricFamily("guided_tensor_parallel_forward_seconds", "seconds each "
+                                      "tensor-parallel rank spent in forward passes (collectives "
+                                      "included)", labels=["rank"])
+        for rank, n, s in self.read_ranks():
+            steps.add_metric([str(rank)], n)
+            seconds.add_metric([str(rank)], s)
+        yield steps
+        yield seconds
+
+
 class Metrics:
-    def __init__(self, read_stats):
+    def __init__(self, read_stats, read_ranks=None):
+        """``read_ranks``: with tensor parallelism, (rank, steps, seconds) of every rank."""
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(read_stats))
+        if read_ranks is not None:
+            self.registry.register(_RankCollector(read_ranks))
         self.requests = Counter("guided_requests", "finished choices by endpoint, finish_reason and "
                                 "HTTP status (499: the client went away)",
                                 ["endpoint", "finish_reason", "status"], registry=self.registry)
