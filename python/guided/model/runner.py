@@ -46,7 +46,7 @@ class ModelRunner:
             agreed = self.group.agree_min(tokens)
             if agreed < tokens:
                 log.info("KV cache: %d tokens, the most every tensor-parallel rank holds "
-                            "(this rank could hold %d)", agreed, tokens)
+                         "(this rank could hold %d)", agreed, tokens)
             tokens = agreed
         if tokens < block_size:
             raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
