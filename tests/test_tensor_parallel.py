@@ -9,11 +9,15 @@ groups, so the uneven split is what is checked here."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import jsonschema
 import pytest
 
 from guided import LLM, SamplingParams
+from guided.processes import free_port
 
 from test_model_parity import PROMPTS
 
@@ -109,10 +113,34 @@ def test_a_world_size_other_than_the_tensor_parallel_size_is_refused(monkeypatch
 
 
 def test_one_group_per_process_and_close_stops_every_rank(tp2):
-    """Last in this file: it closes the module's group."""
+    """It closes the module's group: the next test forms another."""
     with pytest.raises(RuntimeError, match="already has a torch.distributed group"):
         LLM(dtype="float32", tensor_parallel_size=2)
     workers = list(tp2.loaded.tensor_group.workers)
     assert [w.poll() for w in workers] == [None]
     tp2.close()
     assert [w.returncode for w in workers] == [0]
+
+
+def test_ranks_started_by_hand_meet_through_env_variables(llm, tp2, monkeypatch):
+    """Several hosts' way, on loopback: rank 1 is `python -m guided.serve` started
+    with the env:// variables (as torchrun would), rank 0 this process; rank 1
+    takes what to load from rank 0 and the tokens are the whole model's."""
+    tp2.close()   # one group per process
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    rank1 = subprocess.Popen([sys.executable, "-m", "guided.serve", "--tensor-parallel-size", "2",
+                              "--log-level", "warning"], env={**os.environ, **env, "RANK": "1"})
+    try:
+        for name, value in {**env, "RANK": "0"}.items():
+            monkeypatch.setenv(name, value)
+        split = LLM(dtype="float32", tensor_parallel_size=2, kv_cache_tokens=1024)
+        assert split.loaded.tensor_group.workers == []   # started by hand, not here
+        params = SamplingParams(temperature=0, max_tokens=24)
+        ours = split.generate(PROMPTS, params, use_tqdm=False)
+        whole = llm.generate(PROMPTS, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in whole]
+        split.close()
+        assert rank1.wait(timeout=30) == 0
+    finally:
+        if rank1.poll() is None:
+            rank1.kill()

@@ -178,7 +178,7 @@ def run_fleet(args, argv: list[str]) -> None:
          "--cb-failure-threshold", "2", "--health-check-interval-secs", "3", "--health-failure-threshold", "2",
          # the router's own Prometheus exporter, on a free loopback port (its default may be taken)
          "--prometheus-host", "127.0.0.1", "--prometheus-port", str(router_metrics_port),
-         "--log-level", "warning" if args.log_level.lower() == "warning" else "info"],
+         "--log-level", args.log_level.lower() if args.log_level.lower() in ("warning", "debug") else "info"],
         preexec_fn=die_with_parent))
     log.info("vllm-router (%s) on http://%s:%d/v1 in front of them", args.router_policy, args.host, args.port)
     if args.metrics_port:
