@@ -145,3 +145,11 @@ def test_ranks_started_by_hand_meet_through_env_variables(llm, tp2, monkeypatch)
     finally:
         if rank1.poll() is None:
             rank1.kill()
+
+
+def test_a_rank_that_dies_while_loading_is_named(tp2, monkeypatch):
+    """Rank 0 does not wait for a rank that is gone; the engine is not built."""
+    tp2.close()   # one group per process
+    monkeypatch.setattr(sys, "executable", "/bin/false")   # rank 1 exits at once, with 1
+    with pytest.raises(RuntimeError, match="tensor-parallel rank 1 exited with 1 while loading"):
+        LLM(dtype="float32", tensor_parallel_size=2, kv_cache_tokens=1024)

@@ -24,8 +24,8 @@ evenly over the KV heads, GGUF block weights (dtype="gguf"), a WORLD_SIZE
 that is not the tensor-parallel size.
 
 Processes. ``LLM(tensor_parallel_size=N)`` starts ranks 1..N-1 on this host
-(``python -m guided.model.worker``, stopped with it) and meets them over a
-TCPStore on loopback. Across hosts, every process is started by torch's own
+(``python -m guided.model.worker``, stopped with it; they split this
+process's torch threads) and meets them over a TCPStore on loopback. Across hosts, every process is started by torch's own
 launcher (torchrun) or by hand with the env:// variables (MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK): rank 0 runs ``python -m
 guided.serve --tensor-parallel-size N``, the others the same command (they
@@ -428,7 +428,7 @@ def start(size: int, device: str, setup: dict) -> TensorGroup:
         host, port, workers, threads = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), [], None
     else:
         host, port = "127.0.0.1", free_port()
-        threads = max(1, (os.cpu_count() or 1) // size)
+        threads = max(1, torch.get_num_threads() // size)   # this process's share (OMP_NUM_THREADS)
         workers = None
     if dist.is_initialized():
         raise RuntimeError("this process already has a torch.distributed group (a tensor-parallel "
