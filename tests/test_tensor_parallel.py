@@ -112,6 +112,16 @@ def test_a_world_size_other_than_the_tensor_parallel_size_is_refused(monkeypatch
         LLM(dtype="float32", tensor_parallel_size=2)
 
 
+def test_idle_heartbeats_keep_the_ranks_in_step(llm, tp2):
+    group = tp2.loaded.tensor_group
+    for _ in range(3):
+        group.beat_if_idle(0)   # what rank 0 sends every 30 s while no request runs
+    params = SamplingParams(temperature=0, max_tokens=8)
+    split, whole = (x.generate(PROMPTS[2], params, use_tqdm=False)[0].outputs[0].token_ids
+                    for x in (tp2, llm))
+    assert split == whole and group.broken is None
+
+
 def test_one_group_per_process_and_close_stops_every_rank(tp2):
     """It closes the module's group: the next test forms another."""
     with pytest.raises(RuntimeError, match="already has a torch.distributed group"):

@@ -206,7 +206,7 @@ class TensorGroup:
         self._wire = device if self.backend == "nccl" else torch.device("cpu")
         self.store = store
         self.workers = workers or []
-        #: torch threads for a step on this rank (ranks sharing a host split its cores), or None
+        #: torch threads for a step on this rank (ranks started here split this process's), or None
         self.threads = threads
         self.split: TensorSplit | None = None   # set by shard()
         self.broken: str | None = None
@@ -384,16 +384,20 @@ class TensorGroup:
             torch.cuda.set_device(self.device)
         while not self._closed and self.broken is None:
             time.sleep(HEARTBEAT_SECONDS / 3)
-            with self._lock:
-                if self._closed or self.broken is not None or \
-                        time.monotonic() - self._last < HEARTBEAT_SECONDS:
-                    continue
-                try:
-                    self._broadcast_header([_BEAT] + [0] * (_HEADER - 1))
-                except RuntimeError as exc:
-                    self.broken = f"heartbeat: {exc}"
-                    log.error("tensor-parallel group broken: %s", exc)
-                self._last = time.monotonic()
+            self.beat_if_idle(HEARTBEAT_SECONDS)
+
+    def beat_if_idle(self, idle_seconds: float) -> None:
+        """Rank 0: send a beat if no step ran for ``idle_seconds``."""
+        with self._lock:
+            if self._closed or self.broken is not None or \
+                    time.monotonic() - self._last < idle_seconds:
+                return
+            try:
+                self._broadcast_header([_BEAT] + [0] * (_HEADER - 1))
+            except RuntimeError as exc:
+                self.broken = f"heartbeat: {exc}"
+                log.error("tensor-parallel group broken: %s", exc)
+            self._last = time.monotonic()
 
 
 # -- starting the ranks -------------------------------------------------------
