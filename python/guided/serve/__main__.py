@@ -84,6 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.replicas < 1:
         ap.error("--replicas must be at least 1")
+    if args.metrics_port and args.replicas == 1:
+        ap.error("--metrics-port is for --replicas N (one server serves its own /metrics)")
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         ap.error("--kv-events-replay-endpoint needs --kv-events-endpoint")
     return args
