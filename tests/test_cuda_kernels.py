@@ -320,3 +320,23 @@ def test_gpu_default_model_greedy_equals_the_cpu_path(llm):
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
     assert got == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="tensor parallelism over NCCL needs two GPUs")
+def test_two_gpus_over_nccl_give_the_cpu_paths_greedy_tokens(llm):
+    """Tensor parallelism on NCCL (rank 1 on cuda:1): TP=2 in float32 gives
+    the CPU path's greedy tokens (the gloo test is tests/test_tensor_parallel.py)."""
+    from guided import LLM, SamplingParams
+    prompts = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+               "Once upon a time, in a small village by the sea,"]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    split = LLM(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_tokens=4096,
+                tensor_parallel_size=2)
+    try:
+        assert split.loaded.tensor_group.backend == "nccl"
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        got = [o.outputs[0].token_ids for o in split.generate(prompts, params)]
+        assert got == want
+    finally:
+        split.close()
