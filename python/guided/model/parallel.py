@@ -290,8 +290,11 @@ class TensorGroup:
         """This rank's logits [R, its vocabulary] → on rank 0 the whole
         [R, V] (None elsewhere)."""
         split = self.split
-        piece = logits.new_zeros(logits.shape[0], split.vocab_piece, device=self._wire)
-        piece[:, :logits.shape[1]] = logits
+        if logits.shape[1] == split.vocab_piece and logits.device == self._wire:
+            piece = logits.contiguous()   # an even split: sent as it is
+        else:   # padded to the largest slice (gather takes equal shapes)
+            piece = logits.new_zeros(logits.shape[0], split.vocab_piece, device=self._wire)
+            piece[:, :logits.shape[1]] = logits
         if self.rank != 0:
             dist.gather(piece, dst=0)
             return None

@@ -5,7 +5,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 import uvicorn
 
@@ -14,7 +13,7 @@ from guided.model.parallel import launched_rank
 from guided.model.worker import run_worker
 
 from .admission import ConstraintPolicy
-from .app import DEFAULT_MAX_QUEUE, create_app
+from .app import DEFAULT_MAX_QUEUE, create_app, served_names
 from .fleet import run_fleet
 
 
@@ -106,7 +105,7 @@ def main(argv=None) -> None:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
               chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size)
-    names = args.served_model_name or [Path(llm.loaded.path).stem]
+    names = served_names(args.served_model_name, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,
                               max_grammar_bytes=args.max_grammar_bytes,

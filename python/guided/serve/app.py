@@ -5,6 +5,8 @@
 /health and /metrics."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from prometheus_client import generate_latest
@@ -22,6 +24,12 @@ from .responses import ResponsesRequest, ResponseStore, create_response, respons
 from .state import ServerState, rendered
 
 DEFAULT_MAX_QUEUE = 1024
+
+
+def served_names(given: list[str] | None, model_path: str) -> list[str]:
+    """The model ids clients may send: those given (--served-model-name),
+    else the model file's or directory's name."""
+    return list(given) if given else [Path(model_path).stem]
 _PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
           "/v1/grammar", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
           "/v1/completions/render", "/v1/chat/completions/render", "/v1/responses/render"}

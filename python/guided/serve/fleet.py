@@ -120,13 +120,14 @@ def _kv_events(args, urls: list[str]) -> _KvEvents:
     replays missed ones) on two loopback ports; the router subscribes to all."""
     from ..engine import EngineConfig
     from ..model.loader import model_path
+    from .app import served_names
     replica_args, router_args = [], []
     for url in urls:
         pub, replay = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
         replica_args.append(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay])
         router_args += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
     # the router indexes events under one model name: the one the replicas serve first
-    name = (args.served_model_name or [Path(model_path(args.model)).stem])[0]
+    name = served_names(args.served_model_name, model_path(args.model))[0]
     return _KvEvents(replica_args, router_args + [
         "--kv-event-block-size", str(EngineConfig.block_size), "--kv-event-model", name])
 
