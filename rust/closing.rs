@@ -1,38 +1,68 @@
-//! Output that is never cut mid-structure: the shortest completion the
-//! grammar accepts from a matcher's state, and when to look for it.
+//! Output that is never cut mid-structure: a short completion the grammar
+//! accepts from a matcher's state, and when to look for it.
 //!
-//! The search runs on a copy of the matcher (depth-first, closers and
-//! minimal values first, what the grammar forces taken in one go). Each
-//! step is a single-byte token, a special token the grammar names (the end
-//! of a reasoning block, of a call, of the calls block) or a suffix that
-//! ends a lazy rule (see [`crate::grammar::Hints`]), so a whole chat answer
-//! closes as a JSON value does. The bytes found are then retokenized into as
-//! few tokens as the vocabulary allows. Whatever it returns the grammar has
-//! accepted, token by token, and ends in an accepting state: a completion a
-//! few tokens longer than the optimum is possible, an invalid one is not.
+//! The search moves a copy of the matcher's Earley parser a lexeme at a
+//! time, not a byte at a time: from the lexer's state it reads the
+//! automaton (llguidance's DFA over the lexemes the parser allows there) and
+//! takes, for each lexeme that may end, the shortest bytes that end it, so a
+//! pattern (`[a-z]+@[a-z]+\.com`), a format (e-mail, date, uuid) or a
+//! `minLength` string is left by its shortest way out whatever the model
+//! wrote into it. Where a lexeme may end, the bytes that start the next one
+//! are tried (closers first); the special tokens the grammar names (the end
+//! of a reasoning block, of a call, of the calls block) are tried as single
+//! steps. Depth-first, closers and listed keys first, bounded by the best
+//! completion found so far (branch and bound), the first pass leaving out
+//! the keys an object would take as additional ones. The bytes found are
+//! then retokenized into as few tokens as the vocabulary allows. Whatever it
+//! returns the grammar has accepted, token by token, and ends in an
+//! accepting state: a completion a few tokens longer than the optimum is
+//! possible, an invalid one is not.
+
+use std::collections::{HashMap, HashSet};
+
+/// The ways to end a lexeme found from each lexer state, and whether it may
+/// end there (see [`Cursor::endings`]).
+type Endings = HashMap<StateID, std::rc::Rc<(Vec<Vec<u8>>, bool)>>;
+
+/// Where a lexeme may end: the bytes that end it, and those that start the
+/// next one where it may end as it stands.
+struct Ways {
+    endings: std::rc::Rc<(Vec<Vec<u8>>, bool)>,
+    next: Vec<u8>,
+}
+
+use llguidance::derivre::StateID;
+use llguidance::earley::Parser;
+use llguidance::toktrie::{Recognizer, TokTrie};
 
 use crate::grammar::GrammarMatcher;
 
-/// Bytes tried first at each point: closers (`<` opens a closing tag:
-/// `</tool_calls>`), then the shortest values (`1`, `""`: `1` rather than
-/// `0`, which a format may refuse, as year 0000), separators; letters and
-/// digits next; whitespace last, so it is only used where the grammar
-/// requires it.
-const FIRST: &[u8] = b"\"}],:1tfn<[{";
+/// Bytes tried first where a lexeme may end and the next begin: closers
+/// (`<` opens a closing tag: `</tool_calls>`), then separators and the
+/// shortest values; letters and digits next; whitespace last, so it is only
+/// used where the grammar requires it.
+const FIRST: &[u8] = b"\"}]>,:1tfn<[{";
 
-/// Steps one search may try (a bound on its cost; about 1 µs each).
-const MAX_TRIES: usize = 6000;
-/// Alternatives explored below one point before the search backs out of it.
-const MAX_CHILDREN: usize = 3;
+/// Parser steps one search may take in all (a bound on its cost).
+const MAX_TRIES: usize = 12_000;
+/// Parser steps of one round (one bound on the completion's length).
+const ROUND_TRIES: usize = 1_500;
+/// The bound of the first round; each next round doubles it.
+const FIRST_BOUND: usize = 32;
+/// Automaton states one lexeme's search visits at most.
+const MAX_LEXER_STATES: usize = 2048;
+/// Ways to end one lexeme kept (one per set of lexemes still possible: an
+/// object's listed keys where a key starts, as many as the writer lists).
+const MAX_ENDINGS: usize = 64;
+/// How much longer than the shortest way to end a lexeme another may be.
+const ENDING_SPAN: usize = 48;
 /// The longest completion searched for, in bytes.
 pub const MAX_BYTES: usize = 4096;
-/// The bound of the first, shorter search.
-const SHORT_BYTES: usize = 512;
 /// How a special token is written among bytes (toktrie's raw form:
 /// `0xff` `[id]`), so one byte string holds a whole completion.
 const MARKER: u8 = 0xff;
 
-/// The order in which bytes are tried.
+/// The order in which bytes start a lexeme: closers first (see [`FIRST`]).
 fn byte_order() -> Vec<u8> {
     let mut order: Vec<u8> = FIRST.to_vec();
     let rest = (b'a'..=b'z').chain(b'A'..=b'Z').chain(b'0'..=b'9').chain(b'!'..=b'~').chain(*b" \n\t\r");
@@ -45,34 +75,21 @@ fn byte_order() -> Vec<u8> {
     order
 }
 
-/// The single-byte tokens of the vocabulary, in the order they are tried.
-struct ByteTokens<'a> {
-    order: Vec<(u8, u32)>,
-    by_byte: &'a crate::grammar::ByteTokens,
-}
-
-impl<'a> ByteTokens<'a> {
-    fn new(m: &'a GrammarMatcher) -> Option<Self> {
-        let by_byte = m.byte_tokens();
-        let order = byte_order().into_iter().filter_map(|b| by_byte[b as usize].map(|t| (b, t))).collect::<Vec<_>>();
-        (!order.is_empty()).then_some(ByteTokens { order, by_byte })
-    }
-
-    /// One token per byte, special tokens (`0xff[id]`) as themselves.
-    fn tokens(&self, bytes: &[u8]) -> Option<Vec<u32>> {
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            if let Some((len, t)) = special_at(&bytes[i..]) {
-                out.push(t);
-                i += len;
-            } else {
-                out.push(self.by_byte[bytes[i] as usize]?);
-                i += 1;
-            }
+/// The order in which bytes continue a lexeme (which of the equally short
+/// ways to end it is taken): letters and digits first, so that a value
+/// written to fill a pattern, a format or a minimum length reads as one
+/// (`a@a.aa`, `aaa`, not `}@1`); `1` before `0`, which a format may refuse
+/// (year 0000).
+fn content_order() -> Vec<u8> {
+    let mut order: Vec<u8> = Vec::new();
+    let rest = (b'a'..=b'z').chain(*b"10").chain(b'2'..=b'9').chain(b'A'..=b'Z').chain(FIRST.iter().copied());
+    let rest = rest.chain(b'!'..=b'~').chain(*b" \n\t\r").chain(0x80..=0xfe).chain(0x01..=0x1f);
+    for b in rest {
+        if !order.contains(&b) {
+            order.push(b);
         }
-        Some(out)
     }
+    order
 }
 
 /// The special token written at the start of `bytes` (`0xff[id]`), and
@@ -87,59 +104,21 @@ fn special_at(bytes: &[u8]) -> Option<(usize, u32)> {
     Some((digits + 3, id))
 }
 
-/// Where the innermost object still open in `path` starts (0 when it opened before the path).
-fn open_object(path: &[u8], in_string: bool) -> usize {
-    let (mut depth, mut in_string, mut escaped) = (0usize, in_string, false);
-    let mut starts = vec![0];
-    for (i, &b) in path.iter().enumerate() {
-        match b {
-            _ if escaped => escaped = false,
-            b'\\' if in_string => escaped = true,
-            b'"' => in_string = !in_string,
-            _ if in_string => {}
-            b'{' | b'[' => {
-                depth += 1;
-                starts.push(i);
-            }
-            b'}' | b']' if depth > 0 => {
-                depth -= 1;
-                starts.pop();
-            }
-            b'}' | b']' => starts = vec![i + 1],
-            _ => {}
+/// One token per byte, special tokens (`0xff[id]`) as themselves.
+fn byte_tokens(m: &GrammarMatcher, bytes: &[u8]) -> Option<Vec<u32>> {
+    let by_byte = m.byte_tokens();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some((len, t)) = special_at(&bytes[i..]) {
+            out.push(t);
+            i += len;
+        } else {
+            out.push(by_byte[bytes[i] as usize]?);
+            i += 1;
         }
     }
-    *starts.last().unwrap_or(&0)
-}
-
-/// The last key (quotes included) written at the top level of `object`, and where it starts;
-/// `object` starts at its `{` (or inside it, where the object opened before the path).
-fn last_key(object: &[u8], in_string: bool) -> Option<(usize, Vec<u8>)> {
-    let (mut depth, mut in_string, mut escaped, mut start) = (0usize, in_string, false, 0);
-    let top = usize::from(object.first() == Some(&b'{'));
-    let mut key = None;
-    for (i, &b) in object.iter().enumerate() {
-        match b {
-            _ if escaped => escaped = false,
-            b'\\' if in_string => escaped = true,
-            b'"' if in_string => {
-                in_string = false;
-                let rest = object[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
-                if depth == top && rest == Some(&b':') {
-                    key = Some((start, object[start..=i].to_vec()));
-                }
-            }
-            b'"' => {
-                in_string = true;
-                start = i;
-            }
-            _ if in_string => {}
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    key
+    Some(out)
 }
 
 /// `bytes` in as few tokens as the vocabulary allows: each run of plain
@@ -162,219 +141,284 @@ fn fewest_tokens(m: &GrammarMatcher, bytes: &[u8]) -> Option<Vec<u32>> {
     Some(out)
 }
 
-struct Search<'a> {
-    m: GrammarMatcher,
-    bytes: &'a ByteTokens<'a>,
-    hints: std::sync::Arc<crate::grammar::Hints>,
+/// A copy of the Earley parser moved forward and back by whole steps.
+struct Cursor<'a> {
+    p: Parser,
+    trie: &'a TokTrie,
+    /// Bytes written (special tokens as `0xff[id]`), and the parser bytes each step took.
     path: Vec<u8>,
+    steps: Vec<(usize, usize)>,
+    /// Bytes the parser held before the search (the output so far).
+    before: Vec<u8>,
+}
+
+impl Cursor<'_> {
+    /// Take `bytes` (one special token where `special` is given); false, and
+    /// nothing taken, where the grammar refuses them.
+    fn push(&mut self, bytes: &[u8], special: Option<u32>) -> bool {
+        let start = self.p.get_bytes().len();
+        let raw = match special {
+            Some(t) => self.trie.token(t).to_vec(),
+            None => bytes.to_vec(),
+        };
+        let tok = special.unwrap_or(llguidance::toktrie::INVALID_TOKEN);
+        let ok = matches!(self.p.apply_token(&raw, tok), Ok(0)) && self.p.get_error().is_none();
+        let taken = self.p.get_bytes().len() - start;
+        if !ok {
+            if taken > 0 {
+                let _ = self.p.rollback(taken);
+            }
+            return false;
+        }
+        self.steps.push((bytes.len(), taken));
+        self.path.extend_from_slice(bytes);
+        true
+    }
+
+    fn pop(&mut self) {
+        if let Some((written, taken)) = self.steps.pop() {
+            self.path.truncate(self.path.len() - written);
+            let _ = self.p.rollback(taken);
+        }
+    }
+
+    fn accepting(&mut self) -> bool {
+        self.p.is_accepting()
+    }
+
+    /// The ways the lexeme being written may end, shortest first: for each
+    /// set of lexemes still possible where it may end, the shortest bytes
+    /// that get there (read off the lexer's automaton, which the parser
+    /// limited to the lexemes it allows), and, where it may end as it
+    /// stands, the bytes the parser takes to start the next lexeme (in
+    /// `order`). Both depend on the lexer's state alone.
+    fn endings(&mut self, content: &[u8], order: &[u8], cache: &mut Endings) -> Ways {
+        let start = self.p.with_recognizer(|r| r.lexer_state());
+        let found = match cache.get(&start) {
+            Some(hit) => hit.clone(),
+            None => {
+                let found = std::rc::Rc::new(self.lexer_endings(start, content));
+                cache.insert(start, found.clone());
+                found
+            }
+        };
+        // (what the parser takes next depends on more than the lexer's state)
+        let next = if found.1 { self.next_lexeme_bytes(start, order) } else { Vec::new() };
+        Ways { endings: found, next }
+    }
+
+    /// The bytes in `order` that end the lexeme in state `start` and that
+    /// the parser takes as the start of the next (tried speculatively).
+    fn next_lexeme_bytes(&mut self, start: StateID, order: &[u8]) -> Vec<u8> {
+        self.p.with_recognizer(|r| {
+            r.trie_started("closing");
+            let mut out = Vec::new();
+            for &b in order {
+                if r.lexer_mut().transition_start_state(start, Some(b), &None).is_dead() && r.try_push_byte(b) {
+                    r.pop_bytes(1);
+                    out.push(b);
+                }
+            }
+            r.trie_finished();
+            out
+        })
+    }
+
+    fn lexer_endings(&mut self, start: StateID, order: &[u8]) -> (Vec<Vec<u8>>, bool) {
+        self.p.with_recognizer(|r| {
+            let lx = r.lexer_mut();
+            let here = !lx.try_lexeme_end(start).is_error();
+            let mut seen = HashSet::from([start]);
+            let mut layer = vec![(start, Vec::new())];
+            let mut found: Vec<Vec<u8>> = Vec::new();
+            let mut kinds: HashSet<(bool, Vec<usize>)> = HashSet::new();
+            if here {
+                // where it may end already, writing on to end it as the same lexemes is no way out
+                kinds.insert((false, lx.possible_lexemes(start).iter().map(|i| i.as_usize()).collect()));
+            }
+            let mut first_len = None;
+            while !layer.is_empty() && seen.len() < MAX_LEXER_STATES && found.len() < MAX_ENDINGS {
+                if first_len.is_some_and(|n: usize| layer[0].1.len() > n + ENDING_SPAN) {
+                    break;
+                }
+                let mut next = Vec::new();
+                for (s, w) in layer {
+                    for &b in order {
+                        let t = lx.transition_start_state(s, Some(b), &None);
+                        if t.is_dead() {
+                            continue;
+                        }
+                        let mut w2 = w.clone();
+                        w2.push(b);
+                        // a lazy lexeme (a suffix, a special token) ends on this byte
+                        let ends = t.has_lowest_match() || !lx.try_lexeme_end(t).is_error();
+                        if ends {
+                            let kind = (t.has_lowest_match(), lx.possible_lexemes(t).iter().map(|i| i.as_usize()).collect());
+                            if kinds.insert(kind) {
+                                first_len.get_or_insert(w2.len());
+                                found.push(w2.clone());
+                            }
+                        }
+                        if !t.has_lowest_match() && seen.insert(t) {
+                            next.push((t, w2));
+                        }
+                    }
+                }
+                layer = next;
+            }
+            (found, here)
+        })
+    }
+}
+
+
+struct Search<'a> {
+    c: Cursor<'a>,
+    hints: std::sync::Arc<crate::grammar::Hints>,
+    /// Bytes tried where a lexeme may end, and within one, in order (those
+    /// the vocabulary has as single tokens).
+    order: &'a [u8],
+    content: &'a [u8],
+    endings: &'a mut Endings,
     best: Option<Vec<u8>>,
     tries: usize,
     /// Tries allowed: MAX_TRIES, then, once a completion is found, a little
     /// more than it took (looking for a shorter one).
     max_tries: usize,
-    /// Abandon a branch that has written a key its object takes again (an additional key).
+    /// Leave out keys the grammar does not list (an object's additional keys).
     listed_keys_only: bool,
-    /// Where such a key starts in `path`: everything below it is abandoned.
-    abandon: Option<usize>,
 }
 
 impl Search<'_> {
-    /// The longest `path` may get before this branch is abandoned.
+    /// The longest the path may get before this branch is abandoned.
     fn bound(&self, limit: usize) -> usize {
         self.best.as_ref().map_or(limit, |b| b.len().saturating_sub(1))
     }
 
     fn run(&mut self, limit: usize) {
-        if self.m.is_accepting() {
+        if self.c.accepting() {
             if self.best.is_none() {
-                self.max_tries = self.max_tries.min(2 * self.tries + 100);
+                self.max_tries = self.max_tries.min(2 * self.tries + 200);
             }
-            // (forced bytes may have taken this path past the bound)
-            if self.best.as_ref().is_none_or(|b| self.path.len() < b.len()) {
-                self.best = Some(self.path.clone());
+            if self.best.as_ref().is_none_or(|b| self.c.path.len() < b.len()) {
+                self.best = Some(self.c.path.clone());
             }
             return;
         }
-        if self.path.len() >= self.bound(limit) || self.tries >= self.max_tries {
+        if self.c.path.len() >= self.bound(limit) || self.tries >= self.max_tries {
             return;
         }
-        // What the grammar forces is taken whole: no branching there.
-        let forced = self.m.forced_bytes();
-        if !forced.is_empty() {
-            if let Some(toks) = self.bytes.tokens(&forced) {
-                self.child(&forced, &toks, limit);
-                return;
-            }
-        }
-        // At the start, one step that ends it all (text that may end here,
-        // a closer) before any branch dives: a special token tried first
-        // may open a call where a single byte of text would have done.
-        if self.path.is_empty() && self.ends_in_one_step() {
+        // At the start, one step that ends it all (text that may end here, a
+        // closer) before any branch dives: a special token tried first may
+        // open a call where a single byte of text would have done.
+        if self.c.path.is_empty() && self.ends_in_one_step() {
             return;
         }
-        let mut children = 0;
-        // Special tokens and suffixes first: they end what is open.
+        // Special tokens and lazy rules' suffixes first: they end what is open.
         let hints = self.hints.clone();
         for &t in &hints.specials {
-            let bytes = self.m.bytes_of(&[t]);
-            if self.try_child(&bytes, &[t], limit, &mut children) {
-                return;
-            }
+            let bytes = self.c.trie.decode_raw(&[t]);
+            self.step(&bytes, Some(t), limit);
         }
         for suffix in &hints.suffixes {
-            if self.try_whole(suffix, limit, &mut children) {
-                return;
+            self.step(suffix, None, limit);
+        }
+        let ways = self.c.endings(self.content, self.order, self.endings);
+        // the lexeme may end here: the next one starts (closers first)
+        let additional = self.is_additional_key();
+        for &b in &ways.next {
+            if !(b == b':' && additional) {
+                self.step(&[b], None, limit);
             }
         }
-        // Where a key may start, the keys the grammar lists: one byte at a time the search
-        // would write additional keys (`"":1,"":1,...`) and never the required ones.
-        let last = self.path.iter().rev().find(|b| !b.is_ascii_whitespace()).copied();
-        // where a key may start: the innermost open object, read once for both uses below
-        let object = matches!(last, None | Some(b'{' | b',')).then(|| {
-            let in_string = starts_in_string(&self.path);
-            (open_object(&self.path, in_string), in_string)
-        });
-        if let (true, Some((start, in_string))) = (self.listed_keys_only && last == Some(b','), object) {
-            if let Some(at) = self.additional_key(start, in_string) {
-                self.abandon = Some(at);
-                return;
-            }
-        }
-        if self.path.is_empty() {
-            // inside a key already begun (`{"`): the keys without their opening quote
-            for key in &hints.keys {
-                if self.try_whole(&[&key[1..], b":"].concat(), limit, &mut 0) {
-                    return;
-                }
-            }
-        }
-        if let Some((start, _)) = object {
-            // Which keys this object lists and which it would take as additional is not known
-            // here (an additional key is abandoned at the next comma). Each is tried with the
-            // key separator, so that at the start a string value does not take it.
-            if last == Some(b'{') {   // an object that may stay empty: closed first
-                if let Some(t) = self.bytes.by_byte[b'}' as usize] {
-                    if self.try_child(b"}", &[t], limit, &mut children) {
-                        return;
-                    }
-                }
-            }
-            for key in &hints.keys {
-                // a key this object already has would be another object's, written as additional
-                let written = self.path[start..].windows(key.len()).any(|w| w == &key[..]);
-                if !written && self.try_whole(&[&key[..], b":"].concat(), limit, &mut 0) {
-                    return;
-                }
-            }
-        }
-        // Content bytes among the last three written are tried last:
-        // repeating them is how a depth-first search dives into a string or
-        // number that never ends (closers may repeat: `]]}`).
-        let recent = &self.path[self.path.len().saturating_sub(3)..];
-        let stale = |b: u8| !b"\"}]".contains(&b) && recent.contains(&b);
-        let order = self.bytes.order.iter().filter(|(b, _)| !stale(*b));
-        let order: Vec<(u8, u32)> = order.chain(self.bytes.order.iter().filter(|(b, _)| stale(*b))).copied().collect();
-        // Pattern examples where a string may start, right after the
-        // string's own closer (an empty string) was tried; never after one
-        // another (inside a free string that would dive forever).
-        let examples = if matches!(self.path.last(), None | Some(b'"')) { &hints.examples[..] } else { &[] };
-        for (i, (b, t)) in order.into_iter().enumerate() {
-            // whitespace only where nothing else goes on (a grammar that requires it): a run
-            // of optional whitespace before each of the other children multiplies the search
-            if b.is_ascii_whitespace() && children > 0 {
-                continue;
-            }
-            if self.try_child(&[b], &[t], limit, &mut children) {
-                return;
-            }
-            if i == 0 && examples.iter().any(|e| self.try_whole(e, limit, &mut children)) {
-                return;
+        let endings = &ways.endings.0;
+        // Closers first (by their first byte, as single bytes are tried), then
+        // the shorter; listed keys before other endings (an additional key is
+        // shorter: `""`).
+        let rank = |w: &&Vec<u8>| (self.order.iter().position(|&b| b == w[0]), w.len());
+        let (mut keys, mut rest): (Vec<_>, Vec<_>) = endings.iter().partition(|w| self.listed_key(w).is_some());
+        // listed keys in the grammar's order: an object's required keys come first
+        keys.sort_by_key(|w| self.listed_key(w).map(|i| (!self.hints.required.contains(&self.hints.keys[i]), i)));
+        rest.sort_by_key(rank);
+        for w in keys.iter().chain(&rest) {
+            if !(w[0] == b':' && additional) {
+                self.step(w, None, limit);
             }
         }
     }
 
-    /// Where the last key written in the innermost open object of `path` (which starts at
-    /// `start`) starts, if the object would take it again: a listed key is taken once, so it
-    /// was an additional one.
-    fn additional_key(&mut self, start: usize, in_string: bool) -> Option<usize> {
-        let (at, key) = last_key(&self.path[start..], in_string && start == 0)?;
-        let toks = self.bytes.tokens(&key)?;
-        self.tries += toks.len();
-        let n = self.m.try_consume(&toks).unwrap_or(0);
-        if n > 0 && self.m.rollback(n).is_err() {
-            self.max_tries = 0;
+    /// Whether the key just written (the JSON string before the path's end)
+    /// is one the grammar does not list, when only listed keys are written.
+    fn is_additional_key(&self) -> bool {
+        if !self.listed_keys_only || self.hints.keys.is_empty() {
+            return false;
         }
-        (n == toks.len()).then_some(start + at)
-    }
-
-    /// [`Self::try_child`] for a string of bytes taken whole.
-    fn try_whole(&mut self, bytes: &[u8], limit: usize, children: &mut usize) -> bool {
-        match self.bytes.tokens(bytes) {
-            Some(toks) => self.try_child(bytes, &toks, limit, children),
+        let text = [&self.c.before[..], &self.c.path[..]].concat();
+        let end = text.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
+        match last_string(&text[..end]) {
+            Some(key) => !self.hints.keys.iter().any(|k| k[..] == key[..]),
             None => false,
         }
     }
 
-    /// Whether a special token or a closer byte takes the matcher to an
+    /// Where the key that writing `w` completes stands among the keys the grammar lists.
+    fn listed_key(&self, w: &[u8]) -> Option<usize> {
+        if self.hints.keys.is_empty() || w.last() != Some(&b'"') {
+            return None;
+        }
+        let text = [&self.c.before[..], &self.c.path[..], w].concat();
+        let key = last_string(&text)?;
+        self.hints.keys.iter().position(|k| k[..] == key[..])
+    }
+
+    /// Take one step and search on from there.
+    fn step(&mut self, bytes: &[u8], special: Option<u32>, limit: usize) {
+        if self.tries >= self.max_tries || self.c.path.len() + bytes.len() > self.bound(limit) {
+            return;
+        }
+        self.tries += 1;
+        if self.c.push(bytes, special) {
+            self.run(limit);
+            self.c.pop();
+        }
+    }
+
+    /// Whether a special token or a closer byte takes the parser to an
     /// accepting state; if so it is the best completion below this point.
     fn ends_in_one_step(&mut self) -> bool {
-        let closers = FIRST.iter().filter_map(|&b| self.bytes.by_byte[b as usize].map(|t| (vec![b], t)));
-        let specials = self.hints.specials.iter().map(|&t| (self.m.bytes_of(&[t]), t));
-        let steps: Vec<(Vec<u8>, u32)> = specials.chain(closers).collect();
-        for (bytes, t) in steps {
+        let specials = self.hints.specials.iter().map(|&t| (self.c.trie.decode_raw(&[t]), Some(t)));
+        let closers = FIRST.iter().filter(|b| self.order.contains(b)).map(|&b| (vec![b], None));
+        let steps: Vec<(Vec<u8>, Option<u32>)> = specials.chain(closers).collect();
+        for (bytes, special) in steps {
             self.tries += 1;
-            if self.m.try_consume(&[t]) != Ok(1) {
+            if !self.c.push(&bytes, special) {
                 continue;
             }
-            let accepting = self.m.is_accepting();
-            if self.m.rollback(1).is_err() {
-                self.max_tries = 0;
-                return false;
-            }
+            let accepting = self.c.accepting();
+            self.c.pop();
             if accepting {
-                self.best = Some([&self.path[..], &bytes].concat());
+                self.best = Some(bytes);
                 return true;
             }
         }
         false
     }
+}
 
-    /// Explore below `bytes` (`toks`) where the grammar takes them; true
-    /// when this point has been explored enough.
-    fn try_child(&mut self, bytes: &[u8], toks: &[u32], limit: usize, children: &mut usize) -> bool {
-        match self.abandon {
-            Some(at) if self.path.len() > at => return true,   // still below an additional key
-            Some(_) => self.abandon = None,
-            None => {}
+/// The JSON string `text` ends with (quotes included), where it ends with one.
+fn last_string(text: &[u8]) -> Option<&[u8]> {
+    let end = text.len().checked_sub(1).filter(|&i| text[i] == b'"')?;
+    let mut i = end;
+    while i > 0 {
+        i -= 1;
+        if text[i] == b'"' {
+            let escapes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+            if escapes % 2 == 0 {
+                return Some(&text[i..=end]);
+            }
         }
-        if self.tries >= self.max_tries || *children >= MAX_CHILDREN || self.path.len() >= self.bound(limit) {
-            return true;
-        }
-        let taken = self.child(bytes, toks, limit);
-        if self.abandon == Some(self.path.len()) {
-            self.abandon = None;    // the child wrote an additional key: it does not count
-        } else if taken {
-            *children += 1;
-        }
-        false
     }
-
-    /// Take `toks` (written `bytes`) and search on from there; false when
-    /// the grammar does not take them all.
-    fn child(&mut self, bytes: &[u8], toks: &[u32], limit: usize) -> bool {
-        self.tries += toks.len();
-        let n = self.m.try_consume(toks).unwrap_or(0);
-        let whole = n == toks.len();
-        if whole {
-            self.path.extend_from_slice(bytes);
-            self.run(limit);
-            self.path.truncate(self.path.len() - bytes.len());
-        }
-        if n > 0 && self.m.rollback(n).is_err() {
-            self.max_tries = 0; // the copy is broken: stop
-        }
-        whole
-    }
+    None
 }
 
 /// A completion: its tokens, and the bytes they stand for (special tokens
@@ -389,49 +433,54 @@ pub struct Closing {
 /// empty when `m` already accepts; None when none of at most `max_tokens`
 /// tokens was found.
 pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Closing> {
-    if m.error().is_some() {
-        return None;
-    }
-    let bytes = ByteTokens::new(m)?;
+    let p = m.earley()?;
+    let trie = m.trie();
+    // Bytes the parser forced but no token has taken yet are the completion's first.
+    let pending = p.currently_forced_bytes().to_vec();
+    // (the tail the key checks read: the last string before the completion)
+    let written = &p.get_bytes()[..p.get_bytes().len() - pending.len()];
+    let before = written[written.len().saturating_sub(1024)..].to_vec();
+    let by_byte = m.byte_tokens();
+    let single = |order: Vec<u8>| order.into_iter().filter(|&b| by_byte[b as usize].is_some()).collect::<Vec<u8>>();
+    let (order, content) = (single(byte_order()), single(content_order()));
     let limit = max_tokens.saturating_mul(8).min(MAX_BYTES);
-    // A short bound first: a branch that repeats (one more call, one more
-    // item) is then cut early instead of using up every try.
-    // Additional keys are never needed to complete an object, so the search first leaves
-    // them out (a key of another object would otherwise be written as one); then with them.
-    let runs = [(limit.min(SHORT_BYTES), true), (limit, true), (limit, false)];
-    let best = runs.into_iter().find_map(|(bound, listed_keys_only)| {
-        let mut s = Search { m: m.clone(), bytes: &bytes, hints: m.hints(), path: Vec::new(), best: None,
-                             tries: 0, max_tries: MAX_TRIES, listed_keys_only, abandon: None };
-        s.run(bound);
-        s.best
-    })?;
+    let mut endings = Endings::new();
+    let mut tries = 0;
+    // Additional keys are never needed to complete an object, so the search
+    // first leaves them out (a key of another object would otherwise be
+    // written as one); then with them. Each pass in rounds of a doubling
+    // bound on the length: a round finds a completion within its bound if
+    // one does, so the first found is at most about twice the shortest.
+    let mut best = None;
+    'passes: for listed_keys_only in [true, false] {
+        let mut bound = FIRST_BOUND.min(limit);
+        while tries < MAX_TRIES {
+            let c = Cursor { p: p.clone(), trie, path: Vec::new(), steps: Vec::new(), before: before.clone() };
+            let max_tries = ROUND_TRIES.min(MAX_TRIES - tries);
+            let mut s = Search { c, hints: m.hints(), order: &order, content: &content, endings: &mut endings,
+                                 best: None, tries: 0, max_tries, listed_keys_only };
+            if !pending.is_empty() && !s.c.push(&pending, None) {
+                return None;
+            }
+            s.run(bound);
+            tries += s.tries;
+            if s.best.is_some() {
+                best = s.best;
+                break 'passes;
+            }
+            if bound >= limit {
+                break;
+            }
+            bound = (bound * 2).min(limit);
+        }
+    }
+    let best = best?;
     // Fewer tokens for the same bytes where the grammar takes them.
     let tokens = match fewest_tokens(m, &best) {
         Some(t) if completes(m, &t) => t,
-        _ => bytes.tokens(&best)?,
+        _ => byte_tokens(m, &best).filter(|t| completes(m, t))?,
     };
     (tokens.len() <= max_tokens).then_some(Closing { tokens, bytes: best })
-}
-
-/// Whether `path` (JSON text) starts inside a string begun before it: the reading under which
-/// fewer bytes outside strings are ones JSON never has there (letters other than those of
-/// true, false, null and exponents).
-fn starts_in_string(path: &[u8]) -> bool {
-    let stray = |in_string: bool| {
-        let (mut in_string, mut escaped, mut count) = (in_string, false, 0);
-        for &b in path {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' if in_string => escaped = true,
-                b'"' => in_string = !in_string,
-                _ if in_string => {}
-                b if b.is_ascii_alphabetic() && !b"truefalsnE".contains(&b) => count += 1,
-                _ => {}
-            }
-        }
-        count
-    };
-    stray(true) < stray(false)
 }
 
 /// Whether `tokens` take `m` (left as it is) to a state that may end.
@@ -561,17 +610,22 @@ XKEY: /"[a-z]*"/ & ~("\"zeta\"" | "\"b\"")
                                (r#"{"b":{"c":"123"},"q":1,"#, r#""zeta":""}"#), (r#"{"ze"#, r#"ta":"","b":{"c":"000"}}"#)] {
             let m = after(&g, prefix);
             let c = shortest_completion(&m, 80).unwrap_or_else(|| panic!("none after {prefix}"));
-            assert_eq!(text(&c.tokens), want, "after {prefix}");
+            let t = text(&c.tokens);
+            assert!(completes(&m, &c.tokens));
+            // as short as the listed keys allow, in either order, and no key of its own
+            assert_eq!(t.len(), want.len(), "after {prefix}: {t}");
+            let keys = t.split("\":").map(|k| &k[k.rfind('"').map_or(0, |i| i + 1)..]);
+            assert!(keys.take(t.matches("\":").count()).all(|k| ["zeta", "b", "c", "ta"].contains(&k)), "{t}");
         }
     }
 
     #[test]
-    fn hints_read_listed_keys_and_the_patterns_of_embedded_schemas() {
+    fn hints_read_listed_keys() {
         let c = compiler();
         let m = c.compile(&lark(ANY_ORDER)).unwrap().matcher();
         let h = m.hints();
         assert_eq!(h.keys, vec![b"\"zeta\"".to_vec(), b"\"b\"".to_vec(), b"\"c\"".to_vec()]);
-        assert_eq!(h.examples, vec![b"000".to_vec()]);
+        assert!(h.required.is_empty());
     }
 
     #[test]

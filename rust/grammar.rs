@@ -9,9 +9,9 @@ use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{StopReason, TopLevelGrammar};
 use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{ParserFactory, TokenParser};
 
 /// Canonical tokenization of a string (the model's own tokenizer). Forced
 /// bytes are turned into tokens with it, so that fast-forwarded tokens are
@@ -199,16 +199,20 @@ impl GrammarCompiler {
 
     fn compile_uncached(&self, text: &str) -> Result<Grammar, String> {
         let factory = &self.factory;
-        let (matcher, hints) = guard(|| {
+        let (parser, hints) = guard(|| {
             let top = wrap(TopLevelGrammar::from_lark_or_grammar_list(text))?;
             let hints = Hints::of(&top);
-            Ok((Matcher::new(factory.create_parser(top)), hints))
+            let mut parser = wrap(factory.create_parser(top))?;
+            if parser.is_fresh() {
+                parser.start_without_prompt();
+            }
+            Ok((parser, hints))
         })?;
-        if let Some(e) = matcher.get_error() {
+        if let Some(e) = parser.error_message() {
             return Err(e);
         }
         let shared = Shared { byte_tokens: self.byte_tokens.clone(), hints: Arc::new(hints) };
-        Ok(Grammar { proto: Arc::new(Mutex::new(matcher)), vocab_size: self.vocab_size, shared })
+        Ok(Grammar { proto: Arc::new(Mutex::new(parser)), vocab_size: self.vocab_size, shared })
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -224,15 +228,15 @@ impl GrammarCompiler {
 /// A compiled grammar: a fresh matcher to copy for each request.
 #[derive(Clone)]
 pub struct Grammar {
-    proto: Arc<Mutex<Matcher>>,
+    proto: Arc<Mutex<TokenParser>>,
     vocab_size: usize,
     shared: Shared,
 }
 
 impl Grammar {
     pub fn matcher(&self) -> GrammarMatcher {
-        let m = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        GrammarMatcher { m, vocab_size: self.vocab_size, error: None, shared: self.shared.clone() }
+        let p = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        GrammarMatcher { p, vocab_size: self.vocab_size, error: None, shared: self.shared.clone() }
     }
 }
 
@@ -246,22 +250,20 @@ struct Shared {
 /// What the closing search (crate::closing) tries whole at each point,
 /// read from the grammar: the special tokens its Lark text names (`<[id]>`:
 /// the end of a reasoning block, of a call, of the calls), the suffixes
-/// that end a lazy rule (`suffix="\n</parameter>\n"`) and, for each JSON
-/// Schema `pattern`, a short string it matches (JSON-escaped), none of
-/// which a search one byte at a time would find. Only a hint: what the
-/// search takes, the matcher has accepted.
+/// that end a lazy rule (`suffix="\n</parameter>\n"`) and the keys JSON
+/// objects list. Only a hint: what the search takes, the parser has
+/// accepted.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Hints {
     pub specials: Vec<u32>,
     pub suffixes: Vec<Vec<u8>>,
-    pub examples: Vec<Vec<u8>>,
     /// JSON keys an object lists (`"name"`, quotes included): where a key may start, the search
     /// tries them before single bytes, which would otherwise write additional keys forever.
     pub keys: Vec<Vec<u8>>,
+    /// Those of them some object requires (tried before the others).
+    pub required: Vec<Vec<u8>>,
 }
 
-/// Pattern examples kept per grammar (each is tried at every point).
-const MAX_EXAMPLES: usize = 16;
 /// Listed keys kept per grammar (each is tried where a key may start).
 const MAX_KEYS: usize = 64;
 
@@ -272,30 +274,8 @@ impl Hints {
             if let Some(lark) = g.lark_grammar.as_deref() {
                 h.read(lark);
             }
-            if let Some(schema) = &g.json_schema {
-                h.read_patterns(schema);
-            }
         }
         h
-    }
-
-    fn read_patterns(&mut self, v: &serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                if let Some(serde_json::Value::String(p)) = map.get("pattern") {
-                    let example = pattern_example(p).and_then(|e| serde_json::to_string(&e).ok());
-                    if let Some(quoted) = example {
-                        let bytes = quoted.as_bytes()[1..quoted.len() - 1].to_vec();
-                        if !bytes.is_empty() && !self.examples.contains(&bytes) && self.examples.len() < MAX_EXAMPLES {
-                            self.examples.push(bytes);
-                        }
-                    }
-                }
-                map.values().for_each(|x| self.read_patterns(x));
-            }
-            serde_json::Value::Array(items) => items.iter().for_each(|x| self.read_patterns(x)),
-            _ => {}
-        }
     }
 
     fn read(&mut self, lark: &str) {
@@ -319,14 +299,7 @@ impl Hints {
                 self.keys.push(text.into_bytes());
             }
         }
-        // patterns inside the JSON schemas a Lark grammar embeds (`%json {...}`)
-        for (i, m) in lark.match_indices("%json") {
-            let body = lark[i + m.len()..].trim_start();
-            let mut values = serde_json::Deserializer::from_str(body).into_iter::<serde_json::Value>();
-            if let Some(Ok(schema)) = values.next() {
-                self.read_patterns(&schema);
-            }
-        }
+        self.read_required(lark);
         for (i, m) in lark.match_indices("suffix=\"") {
             let s = &lark[i + m.len() - 1..];
             if let Some(text) = json_string_prefix(s) {
@@ -338,34 +311,46 @@ impl Hints {
     }
 }
 
-/// A short string the regex `pattern` matches (anchors ignored: an
-/// unanchored pattern matches it too), or None where regex-syntax cannot
-/// read it (lookarounds, backreferences).
-fn pattern_example(pattern: &str) -> Option<String> {
-    let hir = regex_syntax::Parser::new().parse(pattern).ok()?;
-    example(&hir)
-}
-
-fn example(hir: &regex_syntax::hir::Hir) -> Option<String> {
-    use regex_syntax::hir::{Class, HirKind};
-    Some(match hir.kind() {
-        HirKind::Empty | HirKind::Look(_) => String::new(),
-        HirKind::Literal(l) => String::from_utf8(l.0.to_vec()).ok()?,
-        HirKind::Class(Class::Unicode(c)) => {
-            let chars = c.ranges().iter().flat_map(|r| (r.start()..=r.end()).take(128));
-            let mut chars = chars.collect::<Vec<char>>();
-            chars.sort_by_key(|ch| !ch.is_ascii_alphanumeric());
-            chars.first()?.to_string()
+impl Hints {
+    /// The keys an object requires, from grammar/json_schema/writer.py's
+    /// object rules: `rest::_ : "" %if is_ones([0:r])` ends the object once
+    /// bits 0..r-1 are set, and `| ", " member_k rest::set_bit(i)` sets bit i
+    /// by writing member_k (`member_k: "\"key\"" ": " value`).
+    fn read_required(&mut self, lark: &str) {
+        let mut members: HashMap<&str, String> = HashMap::new();
+        let mut required_members: Vec<&str> = Vec::new();
+        let mut need = 0usize;
+        for line in lark.lines() {
+            if !line.starts_with(' ') {
+                need = line.find("%if is_ones([0:").and_then(|i| {
+                    line[i + 15..].split(']').next()?.parse().ok()
+                }).unwrap_or(0);
+                if let Some((name, body)) = line.split_once(": ") {
+                    if name.starts_with("member_") {
+                        if let Some((key, _)) = json_literal_at(body.trim_start()) {
+                            members.insert(name, key);
+                        }
+                    }
+                }
+                continue;
+            }
+            let Some(at) = line.find("::set_bit(") else { continue };
+            let bit: Option<usize> = line[at + 10..].split(')').next().and_then(|b| b.parse().ok());
+            let member = line.split_whitespace().find(|w| w.starts_with("member_"));
+            if let (Some(bit), Some(member)) = (bit, member) {
+                if bit < need {
+                    required_members.push(member);
+                }
+            }
         }
-        HirKind::Class(Class::Bytes(c)) => {
-            let b = c.ranges().iter().flat_map(|r| r.start()..=r.end()).find(u8::is_ascii_graphic)?;
-            (b as char).to_string()
+        for m in required_members {
+            if let Some(key) = members.get(m) {
+                if !self.required.contains(&key.as_bytes().to_vec()) {
+                    self.required.push(key.as_bytes().to_vec());
+                }
+            }
         }
-        HirKind::Repetition(r) => example(&r.sub)?.repeat(r.min as usize),
-        HirKind::Capture(c) => example(&c.sub)?,
-        HirKind::Concat(parts) => parts.iter().map(example).collect::<Option<String>>()?,
-        HirKind::Alternation(alts) => alts.iter().filter_map(example).min_by_key(|e| e.len())?,
-    })
+    }
 }
 
 /// The JSON string literal `s` starts with, decoded.
@@ -387,11 +372,13 @@ fn json_literal_at(s: &str) -> Option<(String, usize)> {
     None
 }
 
-/// The grammar state of one sequence. Once an error is recorded the matcher
-/// allows nothing and keeps the first message.
+/// The grammar state of one sequence (llguidance's token parser, driven as
+/// its `Matcher` drives it; held directly so that the closing search can
+/// read the Earley parser and its lexer). Once an error is recorded the
+/// matcher allows nothing and keeps the first message.
 #[derive(Clone)]
 pub struct GrammarMatcher {
-    m: Matcher,
+    p: TokenParser,
     vocab_size: usize,
     error: Option<String>,
     shared: Shared,
@@ -432,31 +419,40 @@ impl GrammarMatcher {
         self.error.get_or_insert(msg).clone()
     }
 
+    /// Run one call on the token parser: an error or a panic is recorded
+    /// (the matcher then allows nothing) and returned as its message.
+    fn run<T>(&mut self, f: impl FnOnce(&mut TokenParser) -> anyhow_like::Result<T>) -> Result<T, String> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        let p = &mut self.p;
+        match catch_unwind(AssertUnwindSafe(|| f(p))) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                let msg = self.p.augment_err(e);
+                Err(self.fail(msg))
+            }
+            Err(panic) => Err(self.fail(panic_message(&panic))),
+        }
+    }
+
     /// Write the allowed-token bitmask into `out` (`words()` long): bit j of
     /// word i allows token 32·i + j. On error the row is all zero.
     pub fn fill_mask(&mut self, out: &mut [i32]) -> Result<(), String> {
         out.fill(0);
-        if let Some(e) = &self.error {
-            return Err(e.clone());
+        // A stopped matcher allows only the end tokens.
+        let v = self.run(|p| match p.stop_reason() {
+            StopReason::NotStopped => wrap(p.compute_mask()),
+            _ => Ok(p.token_env.tok_trie().eos_token_set()),
+        })?;
+        for (o, &w) in out.iter_mut().zip(v.as_slice()) {
+            *o = w as i32;
         }
-        let m = &mut self.m;
-        let r = guard(|| {
-            // A stopped matcher allows only the end tokens.
-            wrap(m.compute_mask_or_eos())
-        });
-        match r {
-            Ok(v) => {
-                for (o, &w) in out.iter_mut().zip(v.as_slice()) {
-                    *o = w as i32;
-                }
-                clear_past(out, self.vocab_size);
-                if out.iter().all(|&w| w == 0) {
-                    return Err(self.fail("the grammar allows no token here".into()));
-                }
-                Ok(())
-            }
-            Err(e) => Err(self.fail(e)),
+        clear_past(out, self.vocab_size);
+        if out.iter().all(|&w| w == 0) {
+            return Err(self.fail("the grammar allows no token here".into()));
         }
+        Ok(())
     }
 
     pub fn compute_mask(&mut self) -> (Vec<i32>, Option<String>) {
@@ -467,21 +463,25 @@ impl GrammarMatcher {
 
     /// Advance by one token; Err if the grammar rejects it.
     pub fn consume(&mut self, token: u32) -> Result<(), String> {
-        if let Some(e) = &self.error {
-            return Err(e.clone());
-        }
-        let m = &mut self.m;
-        guard(|| wrap(m.consume_token(token))).map_err(|e| self.fail(e))
+        self.run(|p| {
+            consume_one(p, token)?;
+            wrap(p.check_stop()).map(|_| ())
+        })
     }
 
     /// Consume as many of `tokens` as the grammar accepts, stopping at the
     /// first it rejects (which leaves the state as it was, not in error).
     pub fn try_consume(&mut self, tokens: &[u32]) -> Result<usize, String> {
-        if let Some(e) = &self.error {
-            return Err(e.clone());
-        }
-        let m = &mut self.m;
-        guard(|| wrap(m.try_consume_tokens(tokens))).map_err(|e| self.fail(e))
+        self.run(|p| {
+            for (i, &t) in tokens.iter().enumerate() {
+                if !wrap(p.validate_token(t))? {
+                    return Ok(i);
+                }
+                consume_one(p, t)?;
+                wrap(p.check_stop())?;
+            }
+            Ok(tokens.len())
+        })
     }
 
     /// Consume all of `tokens` (sampled under this grammar's mask, or forced
@@ -506,44 +506,44 @@ impl GrammarMatcher {
     /// Tokens the grammar forces next (also caches them for the next mask,
     /// so the mask thread need not tokenize).
     pub fn forced_tokens(&mut self) -> Vec<u32> {
-        if self.error.is_some() {
-            return Vec::new();
-        }
-        let m = &mut self.m;
-        guard(|| Ok(m.compute_ff_tokens())).unwrap_or_default()
+        self.run(|p| Ok(p.compute_ff_tokens())).unwrap_or_default()
     }
 
     pub fn is_accepting(&mut self) -> bool {
-        let m = &mut self.m;
-        self.error.is_none() && guard(|| wrap(m.is_accepting())).unwrap_or(false)
+        self.run(|p| Ok(p.is_accepting())).unwrap_or(false)
     }
 
     /// True once the grammar cannot go on (completed or failed).
     pub fn is_stopped(&self) -> bool {
-        self.error.is_some() || self.m.is_stopped()
+        self.error.is_some() || self.p.stop_reason() != StopReason::NotStopped
     }
 
     pub fn error(&self) -> Option<String> {
-        self.error.clone().or_else(|| self.m.get_error())
+        self.error.clone()
     }
 
     pub fn rollback(&mut self, n: usize) -> Result<(), String> {
-        let m = &mut self.m;
-        guard(|| wrap(m.rollback(n))).map_err(|e| self.fail(e))
+        self.run(|p| wrap(p.rollback(n)))
     }
 
     /// Bytes the grammar forces next (any tokenization of them is accepted).
     pub fn forced_bytes(&mut self) -> Vec<u8> {
-        if self.error.is_some() {
-            return Vec::new();
-        }
-        let m = &mut self.m;
-        guard(|| Ok(m.compute_ff_bytes())).unwrap_or_default()
+        self.run(|p| Ok(p.force_bytes())).unwrap_or_default()
     }
 
     /// The bytes of `tokens` (special tokens as 0xff and their name).
     pub fn bytes_of(&self, tokens: &[u32]) -> Vec<u8> {
-        self.m.tok_env().map(|env| env.tok_trie().decode_raw(tokens)).unwrap_or_default()
+        self.trie().decode_raw(tokens)
+    }
+
+    pub fn trie(&self) -> &TokTrie {
+        self.p.token_env.tok_trie()
+    }
+
+    /// A copy of the Earley parser at this state (for the closing search,
+    /// which moves it byte by byte); None once the matcher failed.
+    pub fn earley(&self) -> Option<llguidance::earley::Parser> {
+        self.error.is_none().then(|| self.p.parser.clone())
     }
 
     /// The single-byte tokens of the vocabulary.
@@ -558,8 +558,7 @@ impl GrammarMatcher {
 
     /// `bytes` in as few (non-special) tokens as the vocabulary allows.
     pub fn fewest_tokens(&self, bytes: &[u8]) -> Option<Vec<u32>> {
-        let env = self.m.tok_env().ok()?;
-        let trie = env.tok_trie();
+        let trie = self.trie();
         // best[i]: the fewest tokens for bytes[..i], and the last of them.
         let mut best: Vec<Option<(usize, u32)>> = vec![None; bytes.len() + 1];
         best[0] = Some((0, 0));
@@ -585,6 +584,15 @@ impl GrammarMatcher {
         out.reverse();
         Some(out)
     }
+}
+
+/// One token into the parser, as llguidance's `Matcher` takes it (no backtracking).
+fn consume_one(p: &mut TokenParser, token: u32) -> anyhow_like::Result<()> {
+    let backtrack = wrap(p.consume_token(token))?;
+    if backtrack != 0 {
+        return Err(Box::new(format!("unexpected backtracking by {backtrack} tokens")));
+    }
+    Ok(())
 }
 
 /// Bits for token ids >= vocab_size are never set.
@@ -735,18 +743,6 @@ mod tests {
         let h = Hints::of(&top);
         assert_eq!(h.specials, vec![44, 45]);
         assert_eq!(h.suffixes, vec![b"\n</p>\"x".to_vec()]);
-    }
-
-    #[test]
-    fn patterns_have_short_examples() {
-        let uuid = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
-        assert_eq!(pattern_example(uuid).unwrap(), "00000000-0000-0000-0000-000000000000");
-        assert_eq!(pattern_example(r"^(ab|c)+\.x?$").unwrap(), "c.");
-        assert_eq!(pattern_example(r#"^"\d"$"#).unwrap(), "\"0\"");
-        assert!(pattern_example(r"(?=a)b").is_none());
-        let g = r#"{"grammars": [{"json_schema": {"properties": {"a": {"type": "string", "pattern": "^\"[a-z]{2}$"}}}}]}"#;
-        let top = TopLevelGrammar::from_lark_or_grammar_list(g).unwrap();
-        assert_eq!(Hints::of(&top).examples, vec![br#"\"aa"#.to_vec()]);
     }
 
     #[test]
