@@ -50,7 +50,7 @@ const ROUND_TRIES: usize = 1_500;
 /// The bound of the first round; each next round doubles it.
 const FIRST_BOUND: usize = 32;
 /// Automaton states one lexeme's search visits at most.
-const MAX_LEXER_STATES: usize = 2048;
+const MAX_LEXER_STATES: usize = 1024;
 /// Ways to end one lexeme kept (one per set of lexemes still possible: an
 /// object's listed keys where a key starts, as many as the writer lists).
 const MAX_ENDINGS: usize = 64;

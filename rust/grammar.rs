@@ -540,10 +540,13 @@ impl GrammarMatcher {
         self.p.token_env.tok_trie()
     }
 
-    /// A copy of the Earley parser at this state (for the closing search,
-    /// which moves it byte by byte); None once the matcher failed.
+    /// A copy of the Earley parser at this state, with a lexer of its own
+    /// (for the closing search, which moves it byte by byte and explores
+    /// its automaton: a lexer out of fuel or states there is the search's
+    /// loss alone, never that of the requests sharing the grammar); None
+    /// once the matcher failed.
     pub fn earley(&self) -> Option<llguidance::earley::Parser> {
-        self.error.is_none().then(|| self.p.parser.clone())
+        self.error.is_none().then(|| self.p.parser.deep_clone())
     }
 
     /// The single-byte tokens of the vocabulary.
