@@ -32,8 +32,8 @@ struct Ways {
 }
 
 use llguidance::derivre::StateID;
-use llguidance::earley::Parser;
-use llguidance::toktrie::{Recognizer, TokTrie};
+use llguidance::earley::{BiasComputer, Parser};
+use llguidance::toktrie::{Recognizer, SimpleVob, TokTrie};
 
 use crate::grammar::GrammarMatcher;
 
@@ -272,6 +272,20 @@ impl Cursor<'_> {
 }
 
 
+/// A mask computer that computes nothing: llguidance refuels the lexer
+/// before it calls one.
+struct Refuel<'a>(&'a TokTrie);
+
+impl BiasComputer for Refuel<'_> {
+    fn compute_bias(&self, _: &mut llguidance::earley::ParserRecognizer<'_>, _: &[u8]) -> SimpleVob {
+        self.0.alloc_token_set()
+    }
+
+    fn trie(&self) -> &TokTrie {
+        self.0
+    }
+}
+
 struct Search<'a> {
     c: Cursor<'a>,
     hints: std::sync::Arc<crate::grammar::Hints>,
@@ -433,8 +447,11 @@ pub struct Closing {
 /// empty when `m` already accepts; None when none of at most `max_tokens`
 /// tokens was found.
 pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Closing> {
-    let p = m.earley()?;
+    let mut p = m.earley()?;
     let trie = m.trie();
+    // The copy's lexer has what fuel the last mask left: one mask's worth for
+    // the search (a non-empty start: nothing is computed or cached).
+    p.compute_bias(&Refuel(trie), b"x");
     // Bytes the parser forced but no token has taken yet are the completion's first.
     let pending = p.currently_forced_bytes().to_vec();
     // (the tail the key checks read: the last string before the completion)
