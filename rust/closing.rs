@@ -49,13 +49,21 @@ const MAX_TRIES: usize = 12_000;
 const ROUND_TRIES: usize = 1_500;
 /// The bound of the first round; each next round doubles it.
 const FIRST_BOUND: usize = 32;
-/// Automaton states one lexeme's search visits at most.
-const MAX_LEXER_STATES: usize = 1024;
-/// Ways to end one lexeme kept (one per set of lexemes still possible: an
-/// object's listed keys where a key starts, as many as the writer lists).
-const MAX_ENDINGS: usize = 64;
-/// How much longer than the shortest way to end a lexeme another may be.
-const ENDING_SPAN: usize = 48;
+/// How far one lexeme's ways out are looked for in its automaton: states
+/// visited at most, ways kept (one per set of lexemes still possible: an
+/// object's listed keys where a key starts), and how much longer than the
+/// shortest way another may be. Each new state costs the lexer fuel; a
+/// search that runs its copy out of fuel (a pattern with `.` inside a JSON
+/// string builds states fast) is run again with the lean reach.
+#[derive(Clone, Copy)]
+struct Reach {
+    states: usize,
+    endings: usize,
+    span: usize,
+}
+
+const FULL: Reach = Reach { states: 512, endings: 64, span: 32 };
+const LEAN: Reach = Reach { states: 64, endings: 16, span: 8 };
 /// The longest completion searched for, in bytes.
 pub const MAX_BYTES: usize = 4096;
 /// How a special token is written among bytes (toktrie's raw form:
@@ -157,12 +165,10 @@ impl Cursor<'_> {
     /// nothing taken, where the grammar refuses them.
     fn push(&mut self, bytes: &[u8], special: Option<u32>) -> bool {
         let start = self.p.get_bytes().len();
-        let raw = match special {
-            Some(t) => self.trie.token(t).to_vec(),
-            None => bytes.to_vec(),
-        };
+        let trie = self.trie;
+        let raw = special.map_or(bytes, |t| trie.token(t));
         let tok = special.unwrap_or(llguidance::toktrie::INVALID_TOKEN);
-        let ok = matches!(self.p.apply_token(&raw, tok), Ok(0)) && self.p.get_error().is_none();
+        let ok = matches!(self.p.apply_token(raw, tok), Ok(0)) && self.p.get_error().is_none();
         let taken = self.p.get_bytes().len() - start;
         if !ok {
             if taken > 0 {
@@ -191,13 +197,20 @@ impl Cursor<'_> {
     /// that get there (read off the lexer's automaton, which the parser
     /// limited to the lexemes it allows), and, where it may end as it
     /// stands, the bytes the parser takes to start the next lexeme (in
-    /// `order`). Both depend on the lexer's state alone.
-    fn endings(&mut self, content: &[u8], order: &[u8], cache: &mut Endings) -> Ways {
+    /// `order`). The first depend on the lexer's state alone (kept in
+    /// `cache`), the second on the parser's too.
+    fn endings(&mut self, content: &[u8], order: &[u8], reach: Reach, cache: &mut Endings) -> Ways {
         let start = self.p.with_recognizer(|r| r.lexer_state());
         let found = match cache.get(&start) {
             Some(hit) => hit.clone(),
             None => {
-                let found = std::rc::Rc::new(self.lexer_endings(start, content));
+                // ASCII first: the bytes of UTF-8 characters (and `.` in a pattern) multiply states
+                let ascii: Vec<u8> = content.iter().copied().filter(|&b| b.is_ascii() && (b >= 0x20 || b"\n\t".contains(&b))).collect();
+                let mut found = self.lexer_endings(start, &ascii, reach);
+                if found.0.is_empty() && ascii.len() < content.len() {
+                    found = self.lexer_endings(start, content, reach);
+                }
+                let found = std::rc::Rc::new(found);
                 cache.insert(start, found.clone());
                 found
             }
@@ -224,7 +237,7 @@ impl Cursor<'_> {
         })
     }
 
-    fn lexer_endings(&mut self, start: StateID, order: &[u8]) -> (Vec<Vec<u8>>, bool) {
+    fn lexer_endings(&mut self, start: StateID, order: &[u8], reach: Reach) -> (Vec<Vec<u8>>, bool) {
         self.p.with_recognizer(|r| {
             let lx = r.lexer_mut();
             let here = !lx.try_lexeme_end(start).is_error();
@@ -237,8 +250,8 @@ impl Cursor<'_> {
                 kinds.insert((false, lx.possible_lexemes(start).iter().map(|i| i.as_usize()).collect()));
             }
             let mut first_len = None;
-            while !layer.is_empty() && seen.len() < MAX_LEXER_STATES && found.len() < MAX_ENDINGS {
-                if first_len.is_some_and(|n: usize| layer[0].1.len() > n + ENDING_SPAN) {
+            while !layer.is_empty() && seen.len() < reach.states && found.len() < reach.endings {
+                if first_len.is_some_and(|n: usize| layer[0].1.len() > n + reach.span) {
                     break;
                 }
                 let mut next = Vec::new();
@@ -301,6 +314,9 @@ struct Search<'a> {
     max_tries: usize,
     /// Leave out keys the grammar does not list (an object's additional keys).
     listed_keys_only: bool,
+    reach: Reach,
+    /// The parser's copy failed (see [`Reach`]).
+    broken: bool,
 }
 
 impl Search<'_> {
@@ -337,7 +353,13 @@ impl Search<'_> {
         for suffix in &hints.suffixes {
             self.step(suffix, None, limit);
         }
-        let ways = self.c.endings(self.content, self.order, self.endings);
+        let ways = self.c.endings(self.content, self.order, self.reach, self.endings);
+        if self.c.p.get_error().is_some() {
+            // the copy's lexer ran out of fuel or states: nothing it says now holds
+            self.broken = true;
+            self.max_tries = 0;
+            return;
+        }
         // the lexeme may end here: the next one starts (closers first)
         let additional = self.is_additional_key();
         for &b in &ways.next {
@@ -443,11 +465,10 @@ pub struct Closing {
     pub bytes: Vec<u8>,
 }
 
-/// The shortest completion found from `m`'s state that the grammar accepts:
-/// empty when `m` already accepts; None when none of at most `max_tokens`
-/// tokens was found.
-pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Closing> {
-    let mut p = m.earley()?;
+/// The search with one [`Reach`]: Err where the parser's copy failed (a
+/// search with less reach may still find one), Ok(None) where none was found.
+fn search(m: &GrammarMatcher, max_tokens: usize, reach: Reach) -> Result<Option<Vec<u8>>, ()> {
+    let Some(mut p) = m.earley() else { return Ok(None) };
     let trie = m.trie();
     // The copy's lexer has what fuel the last mask left: one mask's worth for
     // the search (a non-empty start: nothing is computed or cached).
@@ -475,12 +496,15 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
             let c = Cursor { p: p.clone(), trie, path: Vec::new(), steps: Vec::new(), before: before.clone() };
             let max_tries = ROUND_TRIES.min(MAX_TRIES - tries);
             let mut s = Search { c, hints: m.hints(), order: &order, content: &content, endings: &mut endings,
-                                 best: None, tries: 0, max_tries, listed_keys_only };
+                                 best: None, tries: 0, max_tries, listed_keys_only, reach, broken: false };
             if !pending.is_empty() && !s.c.push(&pending, None) {
-                return None;
+                return Ok(None);
             }
             s.run(bound);
             tries += s.tries;
+            if s.broken {
+                return Err(());
+            }
             if s.best.is_some() {
                 best = s.best;
                 break 'passes;
@@ -491,7 +515,14 @@ pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Clos
             bound = (bound * 2).min(limit);
         }
     }
-    let best = best?;
+    Ok(best)
+}
+
+/// The shortest completion found from `m`'s state that the grammar accepts:
+/// empty when `m` already accepts; None when none of at most `max_tokens`
+/// tokens was found.
+pub fn shortest_completion(m: &GrammarMatcher, max_tokens: usize) -> Option<Closing> {
+    let best = [FULL, LEAN].into_iter().find_map(|reach| search(m, max_tokens, reach).transpose())?.ok()?;
     // Fewer tokens for the same bytes where the grammar takes them.
     let tokens = match fewest_tokens(m, &best) {
         Some(t) if completes(m, &t) => t,

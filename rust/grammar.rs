@@ -257,8 +257,9 @@ struct Shared {
 pub struct Hints {
     pub specials: Vec<u32>,
     pub suffixes: Vec<Vec<u8>>,
-    /// JSON keys an object lists (`"name"`, quotes included): where a key may start, the search
-    /// tries them before single bytes, which would otherwise write additional keys forever.
+    /// JSON keys an object lists (`"name"`, quotes included): where a key starts, the search
+    /// writes them before others, and refuses a key not listed in its first pass (an
+    /// additional key is never needed to close an object).
     pub keys: Vec<Vec<u8>>,
     /// Those of them some object requires (tried before the others).
     pub required: Vec<Vec<u8>>,
@@ -309,9 +310,7 @@ impl Hints {
             }
         }
     }
-}
 
-impl Hints {
     /// The keys an object requires, from grammar/json_schema/writer.py's
     /// object rules: `rest::_ : "" %if is_ones([0:r])` ends the object once
     /// bits 0..r-1 are set, and `| ", " member_k rest::set_bit(i)` sets bit i
