@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
 from tqdm import tqdm
@@ -18,7 +18,7 @@ from .engine import Engine, EngineConfig, StepUpdate
 from .grammar import ComposedGrammar, compose
 from .model import load_model
 from .model.loader import model_path, read_config
-from .model.parallel import TensorGroup, check_split, start as start_ranks
+from .model.parallel import RankSetup, TensorGroup, check_split, start as start_ranks
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .special_tokens import SpecialTokens
@@ -294,10 +294,11 @@ def _tensor_group(model, device: str, dtype, size: int, config: EngineConfig) ->
     if size == 1:
         return None
     path = model_path(model)
-    check_split(read_config(path), size, dtype)
+    shape = read_config(path)
+    check_split(shape, size, dtype)
     name = str(dtype).removeprefix("torch.") if dtype is not None else None
-    return start_ranks(size, device, {"model": path, "device": device, "dtype": name,
-                                      "engine": asdict(config)})
+    return start_ranks(size, RankSetup(path, device, name, config.block_size, config.kv_cache_tokens,
+                                       config.max_num_seqs, config.model_len(shape)))
 
 
 def _template_text(value: str) -> str:

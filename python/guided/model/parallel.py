@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -67,7 +67,7 @@ STATS_SECONDS = 1.0
 
 _STOP, _STEP, _BEAT = 0, 1, 2
 _HEADER = 8   # command, T, B, M (block-table columns), R, max_query_len, max_context_len, decode-only
-SETUP_KEY = "guided/setup"   # what rank 0 tells the others to load (JSON)
+SETUP_KEY = "guided/setup"   # what rank 0 tells the others to load (RankSetup as JSON)
 
 
 def failed(rank: int) -> str:
@@ -411,6 +411,20 @@ def launched_rank() -> int | None:
     return int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ and "RANK" in os.environ else None
 
 
+@dataclass(frozen=True)
+class RankSetup:
+    """What every rank loads and how it sizes its KV cache: rank 0 says it
+    (through the store) and the others build their model runner from it."""
+
+    model: str                    # the model file or directory
+    device: str
+    dtype: str | None             # a torch dtype's name ("bfloat16"), or None for the default
+    block_size: int
+    kv_cache_tokens: int | None
+    max_num_seqs: int
+    max_model_len: int            # within the model's positions
+
+
 def rank_device(device: str) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -418,11 +432,11 @@ def rank_device(device: str) -> torch.device:
     return dev
 
 
-def start(size: int, device: str, setup: dict) -> TensorGroup:
+def start(size: int, setup: RankSetup) -> TensorGroup:
     """On rank 0: a group of ``size`` ranks. Under env:// rendezvous
     (WORLD_SIZE set) the other ranks were started by the launcher; otherwise
     they are started here, one process each on this host. ``setup`` (what to
-    load, the engine's sizes) reaches them through the store. The group is
+    load, the KV cache's sizes) reaches them through the store. The group is
     not connected yet: load this rank's part, then ``connect()``."""
     if launched_rank() is not None:
         world, rank = int(os.environ["WORLD_SIZE"]), launched_rank()
@@ -442,7 +456,7 @@ def start(size: int, device: str, setup: dict) -> TensorGroup:
                            "LLM not closed?): one per process; close() the other first")
     store = dist.TCPStore(host, port, size, is_master=True, wait_for_workers=False,
                           timeout=START_TIMEOUT)
-    store.set(SETUP_KEY, json.dumps(setup))
+    store.set(SETUP_KEY, json.dumps(asdict(setup)))
     if workers is None:
         env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port), WORLD_SIZE=str(size),
                    GUIDED_TP_THREADS=str(threads))
@@ -451,4 +465,4 @@ def start(size: int, device: str, setup: dict) -> TensorGroup:
                                     preexec_fn=die_with_parent) for r in range(1, size)]
         log.info("started tensor-parallel ranks 1..%d on this host (%d torch threads each)",
                  size - 1, threads)
-    return TensorGroup(0, size, rank_device(device), store, workers, threads)
+    return TensorGroup(0, size, rank_device(setup.device), store, workers, threads)

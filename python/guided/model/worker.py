@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from .loader import load_model
-from .parallel import SETUP_KEY, START_TIMEOUT, TensorGroup, failed, launched_rank, rank_device
+from .parallel import (SETUP_KEY, START_TIMEOUT, RankSetup, TensorGroup, failed, launched_rank,
+                       rank_device)
 from .runner import ModelRunner
 
 log = logging.getLogger("guided.model.worker")
@@ -21,8 +22,6 @@ log = logging.getLogger("guided.model.worker")
 def run_worker() -> None:
     """Load this rank's part of the model rank 0 names, then run forward
     passes until rank 0 stops."""
-    from ..engine import EngineConfig
-
     rank = launched_rank()
     if not rank:
         raise SystemExit("guided.model.worker runs ranks 1..N-1: set RANK, WORLD_SIZE, MASTER_ADDR "
@@ -30,20 +29,19 @@ def run_worker() -> None:
     size = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
                           is_master=False, timeout=START_TIMEOUT)
-    setup = json.loads(store.get(SETUP_KEY))
+    setup = RankSetup(**json.loads(store.get(SETUP_KEY)))
     if threads := os.environ.get("GUIDED_TP_THREADS"):
         torch.set_num_threads(int(threads))
     try:
-        group = TensorGroup(rank, size, rank_device(setup["device"]), store)
-        loaded = load_model(setup["model"], device=str(group.device), dtype=setup["dtype"],
+        group = TensorGroup(rank, size, rank_device(setup.device), store)
+        loaded = load_model(setup.model, device=str(group.device), dtype=setup.dtype,
                             tensor_group=group)
     except Exception as exc:
         store.set(failed(rank), f"{type(exc).__name__}: {exc}")
         raise
     group.connect()
-    config = EngineConfig(**setup["engine"])
-    runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens, config.max_num_seqs,
-                         config.model_len(loaded.config))
+    runner = ModelRunner(loaded, setup.block_size, setup.kv_cache_tokens, setup.max_num_seqs,
+                         setup.max_model_len)
     steps = 0
     while (arrays := group.receive_step()) is not None:
         runner.execute(arrays)
