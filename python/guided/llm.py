@@ -46,7 +46,7 @@ class LLM:
         instead of the model's own, as ``--chat-template`` in other servers.
 
         ``tensor_parallel_size``: split the model over that many processes
-        (guided/model/parallel.py): started here on this host, or met through
+        (guided/model/parallel/): started here on this host, or met through
         torch.distributed's env:// variables when WORLD_SIZE is set (torchrun,
         several hosts). ``close()`` stops them."""
         given = _template_text(chat_template) if chat_template else None   # checked before the load

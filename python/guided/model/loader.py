@@ -38,7 +38,7 @@ class LoadedModel:
     weight_dtype: torch.dtype   # the linear layers' weights (bf16 when packed for the CPU)
     #: the GGUF block formats the linear layers kept (QuantLinear), e.g. ("Q4_1", "Q8_0"); () if none
     weight_formats: tuple[str, ...] = ()
-    #: with tensor parallelism: this process's rank (the model holds its part; parallel.py)
+    #: with tensor parallelism: this process's rank (the model holds its part; parallel/)
     tensor_group: TensorGroup | None = None
 
     @property

@@ -1,5 +1,5 @@
 """`python -m guided.model.worker`: a tensor-parallel rank other than 0
-(guided/model/parallel.py). ``LLM(tensor_parallel_size=N)`` starts these on
+(guided/model/parallel/). ``LLM(tensor_parallel_size=N)`` starts these on
 its host; on other hosts torchrun or a person starts them with the env://
 variables (``python -m guided.serve`` does the same when RANK > 0)."""
 from __future__ import annotations

@@ -1,58 +1,22 @@
-"""Tensor parallelism over torch.distributed: one model split across ranks.
-
-Rank 0 is the engine: the scheduler, the block manager and the grammars run
-there, and each step it broadcasts the step's flat arrays; the other ranks
-only run the forward pass on their part of the weights (Megatron's split, as
-in vLLM):
-
-- attention: a rank holds whole KV-head groups (its KV heads and the query
-  heads that read them): its rows of q|k|v and its columns of o_proj, whose
-  partial sums are all-reduced;
-- MLP: rows of gate|up (column-parallel) and columns of down_proj
-  (row-parallel), all-reduced;
-- embedding and LM head: a slice of the vocabulary each; the embedded rows
-  are all-reduced, the logits gathered on rank 0 for the sampler.
-
-Two all-reduces per layer. Norms and the rotary table are whole on every
-rank; a rank's KV cache holds its own KV heads, with the block count agreed
-(the smallest any rank can hold), so rank 0's block tables serve all.
-
-Splits need not be even: SmolLM2-135M (9 query heads, 3 KV heads) runs on two
-ranks as 2 + 1 KV-head groups. What cannot be split is refused before any
-process starts: more ranks than KV heads, query heads that do not group
-evenly over the KV heads, GGUF block weights (dtype="gguf"), a WORLD_SIZE
-that is not the tensor-parallel size.
-
-Processes. ``LLM(tensor_parallel_size=N)`` starts ranks 1..N-1 on this host
-(``python -m guided.model.worker``, stopped with it; they split this
-process's torch threads) and meets them over a TCPStore on loopback. Across hosts, every process is started by torch's own
-launcher (torchrun) or by hand with the env:// variables (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK): rank 0 runs ``python -m
-guided.serve --tensor-parallel-size N``, the others the same command (they
-see RANK > 0 and run the worker loop, taking what to load from rank 0).
-Backend: gloo on CPU, NCCL on CUDA (one GPU per rank: cuda:LOCAL_RANK).
-"""
+"""The tensor-parallel process group: the collectives the model calls, the
+step's arrays broadcast from rank 0, the heartbeat of an idle rank 0, and
+rank 0's watch over the other ranks while they load."""
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from ..processes import die_with_parent, free_port
-from .config import ModelConfig
+from .split import TensorSplit
 
 log = logging.getLogger("guided.model.parallel")
 
@@ -67,7 +31,6 @@ STATS_SECONDS = 1.0
 
 _STOP, _STEP, _BEAT = 0, 1, 2
 _HEADER = 8   # command, T, B, M (block-table columns), R, max_query_len, max_context_len, decode-only
-SETUP_KEY = "guided/setup"   # what rank 0 tells the others to load (RankSetup as JSON)
 
 
 def failed(rank: int) -> str:
@@ -81,96 +44,6 @@ def _loaded(rank: int) -> str:
 
 def _stats(rank: int) -> str:
     return f"guided/stats/{rank}"
-
-
-def _even(n: int, size: int, rank: int) -> range:
-    """Rank ``rank``'s share of ``n`` items split as evenly as they go."""
-    base, extra = divmod(n, size)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (rank < extra))
-
-
-def check_split(config: ModelConfig, size: int, dtype=None) -> None:
-    """Raise ValueError where ``config`` (loaded as ``dtype``) cannot be split over ``size`` ranks."""
-    if size < 1:
-        raise ValueError(f"tensor_parallel_size must be at least 1, not {size}")
-    if dtype == "gguf" and size > 1:
-        raise ValueError("tensor parallelism splits dense weights; dtype='gguf' keeps GGUF blocks "
-                         "(use float32 or bfloat16)")
-    if config.num_heads % config.num_kv_heads:
-        raise ValueError(f"the model's {config.num_heads} attention heads do not group evenly over "
-                         f"its {config.num_kv_heads} KV heads")
-    if size > config.num_kv_heads:
-        raise ValueError(
-            f"tensor_parallel_size={size} is more than the model's {config.num_kv_heads} KV heads: "
-            f"each rank holds whole KV heads with the query heads that read them, so at most "
-            f"{config.num_kv_heads} ranks")
-
-
-@dataclass(frozen=True)
-class TensorSplit:
-    """What one rank holds of a model."""
-
-    rank: int
-    size: int
-    kv_heads: range
-    heads: range          # the query heads that read this rank's KV heads
-    intermediate: range   # MLP rows
-    vocab: range          # embedding and LM-head rows
-    vocab_size: int       # the whole vocabulary's
-
-    @property
-    def vocab_piece(self) -> int:
-        """The largest rank's vocabulary slice: logits are gathered padded to it."""
-        return -(-self.vocab_size // self.size)
-
-    @classmethod
-    def of(cls, config: ModelConfig, rank: int, size: int) -> "TensorSplit":
-        kv = _even(config.num_kv_heads, size, rank)
-        group = config.num_heads // config.num_kv_heads
-        return cls(rank, size, kv, range(kv.start * group, kv.stop * group),
-                   _even(config.intermediate_size, size, rank), _even(config.vocab_size, size, rank),
-                   config.vocab_size)
-
-
-def shard(model: nn.Module, split: TensorSplit, group: "TensorGroup") -> None:
-    """Keep this rank's part of a loaded (dense) CausalLM and wire its collectives."""
-    c, d = model.config, model.config.head_dim
-    q_size, kv_size, mid = c.num_heads * d, c.num_kv_heads * d, c.intermediate_size
-    heads = slice(split.heads.start * d, split.heads.stop * d)
-    kv = split.kv_heads.start * d, split.kv_heads.stop * d
-    rows = slice(split.intermediate.start, split.intermediate.stop)
-    for layer in model.layers:
-        _keep_rows(layer.qkv_proj, [heads, slice(q_size + kv[0], q_size + kv[1]),
-                                    slice(q_size + kv_size + kv[0], q_size + kv_size + kv[1])])
-        _keep_columns(layer.o_proj, heads)
-        _keep_rows(layer.gate_up_proj, [rows, slice(mid + rows.start, mid + rows.stop)])
-        _keep_columns(layer.down_proj, rows)
-        layer.num_heads, layer.num_kv_heads = len(split.heads), len(split.kv_heads)
-        layer.q_size, layer.kv_size = len(split.heads) * d, len(split.kv_heads) * d
-        layer.reduce = group.all_reduce
-    vocab = slice(split.vocab.start, split.vocab.stop)
-    embed = model.embed_tokens
-    embed.weight = nn.Parameter(embed.weight[vocab].clone(), requires_grad=False)
-    embed.num_embeddings = len(split.vocab)
-    _keep_rows(model.lm_head, [vocab])
-    model.tensor_group, model.vocab_start = group, split.vocab.start
-    group.split = split
-
-
-def _keep_rows(linear: nn.Linear, parts: list[slice]) -> None:
-    """Column-parallel: this rank's output rows (from one or more fused parts)."""
-    linear.weight = nn.Parameter(torch.cat([linear.weight[p] for p in parts]), requires_grad=False)
-    if linear.bias is not None:
-        linear.bias = nn.Parameter(torch.cat([linear.bias[p] for p in parts]), requires_grad=False)
-    linear.out_features = linear.weight.shape[0]
-
-
-def _keep_columns(linear: nn.Linear, part: slice) -> None:
-    """Row-parallel: this rank's input columns; the partial outputs are summed by all-reduce."""
-    assert linear.bias is None, "a row-parallel layer's bias would be added once per rank"
-    linear.weight = nn.Parameter(linear.weight[:, part].clone(), requires_grad=False)
-    linear.in_features = linear.weight.shape[1]
 
 
 @dataclass
@@ -300,8 +173,8 @@ class TensorGroup:
             return None
         pieces = [torch.empty_like(piece) for _ in range(self.size)]
         dist.gather(piece, pieces, dst=0)
-        sizes = [len(_even(split.vocab_size, self.size, r)) for r in range(self.size)]
-        return torch.cat([p[:, :n] for p, n in zip(pieces, sizes)], dim=1).to(logits.device)
+        return torch.cat([p[:, :n] for p, n in zip(pieces, split.vocab_sizes)],
+                         dim=1).to(logits.device)
 
     def agree_min(self, value: int) -> int:
         """The smallest of every rank's ``value`` (the KV block count they can all hold)."""
@@ -401,68 +274,3 @@ class TensorGroup:
                 self.broken = f"heartbeat: {exc}"
                 log.error("tensor-parallel group broken: %s", exc)
             self._last = time.monotonic()
-
-
-# -- starting the ranks -------------------------------------------------------
-
-def launched_rank() -> int | None:
-    """This process's RANK when it was started for env:// rendezvous
-    (torchrun or by hand), else None."""
-    return int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ and "RANK" in os.environ else None
-
-
-@dataclass(frozen=True)
-class RankSetup:
-    """What every rank loads and how it sizes its KV cache: rank 0 says it
-    (through the store) and the others build their model runner from it."""
-
-    model: str                    # the model file or directory
-    device: str
-    dtype: str | None             # a torch dtype's name ("bfloat16"), or None for the default
-    block_size: int
-    kv_cache_tokens: int | None
-    max_num_seqs: int
-    max_model_len: int            # within the model's positions
-
-
-def rank_device(device: str) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return dev
-
-
-def start(size: int, setup: RankSetup) -> TensorGroup:
-    """On rank 0: a group of ``size`` ranks. Under env:// rendezvous
-    (WORLD_SIZE set) the other ranks were started by the launcher; otherwise
-    they are started here, one process each on this host. ``setup`` (what to
-    load, the KV cache's sizes) reaches them through the store. The group is
-    not connected yet: load this rank's part, then ``connect()``."""
-    if launched_rank() is not None:
-        world, rank = int(os.environ["WORLD_SIZE"]), launched_rank()
-        if world != size:
-            raise ValueError(f"WORLD_SIZE={world} is not tensor_parallel_size={size}: every rank "
-                             "of the group is one process")
-        if rank != 0:
-            raise ValueError(f"this process is rank {rank}: only rank 0 runs the engine; run the "
-                             "others with `python -m guided.model.worker`")
-        host, port, workers, threads = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), [], None
-    else:
-        host, port = "127.0.0.1", free_port()
-        threads = max(1, torch.get_num_threads() // size)   # this process's share (OMP_NUM_THREADS)
-        workers = None
-    if dist.is_initialized():
-        raise RuntimeError("this process already has a torch.distributed group (a tensor-parallel "
-                           "LLM not closed?): one per process; close() the other first")
-    store = dist.TCPStore(host, port, size, is_master=True, wait_for_workers=False,
-                          timeout=START_TIMEOUT)
-    store.set(SETUP_KEY, json.dumps(asdict(setup)))
-    if workers is None:
-        env = dict(os.environ, MASTER_ADDR=host, MASTER_PORT=str(port), WORLD_SIZE=str(size),
-                   GUIDED_TP_THREADS=str(threads))
-        workers = [subprocess.Popen([sys.executable, "-m", "guided.model.worker"],
-                                    env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                                    preexec_fn=die_with_parent) for r in range(1, size)]
-        log.info("started tensor-parallel ranks 1..%d on this host (%d torch threads each)",
-                 size - 1, threads)
-    return TensorGroup(0, size, rank_device(setup.device), store, workers, threads)
