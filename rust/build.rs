@@ -1,8 +1,11 @@
 //! Builds ggml's quantized CPU kernels from ggml's own sources.
 //!
-//! The sources are those `make setup` unpacks from llama-cpp-python's sdist on
-//! PyPI into `.ggml/` (or wherever `GGML_SRC` points: a ggml directory with
-//! `include/` and `src/`). Two pieces are compiled:
+//! The sources come from llama-cpp-python's sdist on PyPI (pinned by version
+//! and sha256 in `rust/ggml_sources.py`, which this script runs with the
+//! build's Python; the sdist is cached in `~/.cache/guided`), or from
+//! wherever `GGML_SRC` points (a ggml directory with `include/` and `src/`).
+//! So `pip install .`, `pip wheel .`, `maturin build` and `cargo build` work
+//! on a clean clone. Two pieces are compiled:
 //!
 //! * ggml-base at the baseline ISA: the row formats, `dequantize_row_*` and
 //!   the reference quantizers (`ggml-quants.c`) with what they link against.
@@ -13,10 +16,13 @@
 //!   time, so one build runs on AVX2-only and AVX-512 machines alike.
 //!
 //! With the `cuda` feature it also compiles the kernels in `cuda/` with nvcc
-//! into one fatbin (machine code for sm_80 and sm_90, and sm_90 PTX that
-//! newer GPUs compile at load), which `rust/cuda.rs` embeds. nvcc comes from
-//! PyPI (`nvidia-cuda-nvcc`, installed in the venv by `make setup`); it is
-//! found through `GUIDED_NVCC`, the active venv, or PATH.
+//! into one fatbin per file (machine code for sm_80 and sm_90, and sm_90 PTX
+//! that newer GPUs compile at load), which `rust/cuda.rs` embeds. nvcc is
+//! found through `GUIDED_NVCC`, the build's Python environment
+//! (`nvidia-cuda-nvcc` from PyPI, which `make test` installs), or PATH.
+//! Without nvcc the module is built without the kernels, with a warning;
+//! `rust/cuda.rs` then reports why at run time (`--device cuda` runs the
+//! torch path and says so).
 
 use std::env;
 use std::fs;
@@ -37,19 +43,11 @@ const BASE_CPP: &[&str] = &["ggml.cpp", "ggml-backend.cpp", "ggml-backend-meta.c
 const KERNELS: &str = "ggml-cpu/arch/x86/quants.c";
 
 fn main() {
-    println!("cargo:rerun-if-env-changed=GGML_SRC");
     println!("cargo:rerun-if-changed=rust/ggml_tables.c");
+    println!("cargo:rerun-if-changed=rust/ggml_sources.py");
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let src = env::var_os("GGML_SRC").map(PathBuf::from).unwrap_or_else(|| root.join(".ggml/ggml"));
-    if !src.join("src").join(KERNELS).exists() {
-        panic!(
-            "ggml's sources are not at {} (set GGML_SRC to a ggml directory, or run `make setup`, \
-             which unpacks them from llama-cpp-python's sdist on PyPI)",
-            src.display()
-        );
-    }
-    println!("cargo:rerun-if-changed={}", src.display());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let src = ggml_sources(&root, &out);
     // ggml.c includes a header CMake generates from a template; its version strings are all it holds
     let template = fs::read_to_string(src.join("src/ggml-version.h.in")).expect("ggml-version.h.in");
     fs::write(out.join("ggml-version.h"), template.replace("@GGML_VERSION@", "guided").replace("@GGML_BUILD_COMMIT@", "sdist"))
@@ -104,12 +102,16 @@ const CUDA_ARCHS: &[&str] = &["arch=compute_80,code=sm_80", "arch=compute_90,cod
 fn compile_cuda(root: &Path, out: &Path) {
     println!("cargo:rerun-if-env-changed=GUIDED_NVCC");
     println!("cargo:rerun-if-changed=cuda");
-    let nvcc = find_nvcc().unwrap_or_else(|| {
-        panic!(
-            "the cuda feature needs nvcc: install it with `pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt` \
-             into the active venv (make setup does), set GUIDED_NVCC to an nvcc, or build without the feature"
-        )
-    });
+    let Some(nvcc) = find_nvcc() else {
+        let why = "this build of guided has no CUDA kernels: nvcc was not found when it was built \
+                   (pip install nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt into the build's environment, \
+                   or set GUIDED_NVCC, and build again)";
+        println!("cargo:warning={why}");
+        println!("cargo:rustc-env=GUIDED_NO_CUDA_KERNELS={why}");
+        fs::write(out.join("cuda_fatbins.rs"), "&[]").unwrap();
+        return;
+    };
+    println!("cargo:rerun-if-changed={}", nvcc.display());
     let mut sources: Vec<PathBuf> = fs::read_dir(root.join("cuda"))
         .expect("cuda/")
         .map(|e| e.unwrap().path())
@@ -135,19 +137,59 @@ fn compile_cuda(root: &Path, out: &Path) {
 }
 
 fn find_nvcc() -> Option<PathBuf> {
-    if let Some(p) = env::var_os("GUIDED_NVCC") {
+    if let Some(p) = env::var_os("GUIDED_NVCC").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
-    if let Some(venv) = env::var_os("VIRTUAL_ENV") {
-        let lib = Path::new(&venv).join("lib");
-        for entry in fs::read_dir(lib).ok()?.flatten() {
-            let nvcc = entry.path().join("site-packages/nvidia/cu13/bin/nvcc");
+    // nvidia-cuda-nvcc's place in the build's Python environment: the active
+    // venv, or the interpreter maturin builds for (`pip install .` sets no
+    // VIRTUAL_ENV). Where it is not installed, the build is run again when
+    // pip adds it: the deepest existing folder on its way is watched.
+    let prefixes = [env::var_os("VIRTUAL_ENV").map(PathBuf::from), python_prefix()];
+    for prefix in prefixes.into_iter().flatten() {
+        let Ok(libs) = fs::read_dir(prefix.join("lib")) else { continue };
+        for lib in libs.flatten() {
+            let site = lib.path().join("site-packages");
+            if !site.is_dir() {
+                continue;
+            }
+            let nvcc = site.join("nvidia/cu13/bin/nvcc");
             if nvcc.exists() {
                 return Some(nvcc);
             }
+            let watched = ["nvidia/cu13/bin", "nvidia/cu13", "nvidia"].iter().map(|d| site.join(d)).find(|d| d.is_dir());
+            println!("cargo:rerun-if-changed={}", watched.unwrap_or(site).display());
         }
     }
     env::var_os("PATH").and_then(|paths| env::split_paths(&paths).map(|d| d.join("nvcc")).find(|p| p.exists()))
+}
+
+/// The prefix of the Python maturin builds for (`PYO3_PYTHON`: `<prefix>/bin/python`).
+fn python_prefix() -> Option<PathBuf> {
+    let python = PathBuf::from(env::var_os("PYO3_PYTHON")?);
+    Some(python.parent()?.parent()?.to_path_buf())
+}
+
+/// A ggml source directory: `GGML_SRC`, or the pinned sdist's ggml unpacked
+/// into OUT_DIR by `rust/ggml_sources.py` (run with the build's Python).
+fn ggml_sources(root: &Path, out: &Path) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=GGML_SRC");
+    if let Some(src) = env::var_os("GGML_SRC").filter(|p| !p.is_empty()).map(PathBuf::from) {
+        assert!(src.join("src").join(KERNELS).exists(), "GGML_SRC={}: no ggml sources there", src.display());
+        println!("cargo:rerun-if-changed={}", src.display());
+        return src;
+    }
+    let src = out.join("ggml");
+    if src.join("src").join(KERNELS).exists() {
+        return src;
+    }
+    let python = env::var_os("PYO3_PYTHON").unwrap_or_else(|| "python3".into());
+    let status = std::process::Command::new(&python)
+        .arg(root.join("rust/ggml_sources.py"))
+        .arg(out)
+        .status()
+        .unwrap_or_else(|e| panic!("running {} rust/ggml_sources.py: {e} (or set GGML_SRC to a ggml directory)", python.to_string_lossy()));
+    assert!(status.success(), "rust/ggml_sources.py could not unpack ggml's sources (or set GGML_SRC to a ggml directory)");
+    src
 }
 
 /// The functions the kernel file defines for other files (dot products and

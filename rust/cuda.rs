@@ -59,6 +59,9 @@ pub fn available() -> Result<(), String> {
 }
 
 fn probe() -> Result<(), String> {
+    if let Some(why) = option_env!("GUIDED_NO_CUDA_KERNELS") {
+        return Err(why.to_string());
+    }
     // SAFETY: only probes for the library; nothing is called if it is absent
     if !unsafe { sys::is_culib_present() } {
         return Err("no CUDA driver (libcuda) on this machine".into());

@@ -1,4 +1,5 @@
-"""The package as users install it: the wheel `make wheel` builds, installed
+"""The package as users install it: `pip wheel .` in a plain shell (no
+venv activated, nothing on PATH but the system's), the wheel installed
 into a fresh venv outside the source tree, imported and run from there
 (offline generation, chat with a json_schema answer and with a tool, and
 `python -m guided.serve` answering the openai client).
@@ -7,7 +8,10 @@ guided's dependencies (torch alone is 2 GB) are not installed again: the
 fresh venv reads this venv's site-packages through a .pth line. Python does
 not process the .pth files of a directory added that way, so the source
 checkout's editable install (guided.pth → python/) stays out of reach and
-`import guided` finds only the wheel's copy (checked).
+`import guided` finds only the wheel's copy (checked). What `make test`
+adds to `make serve`'s set-up (requirements-test.txt: the clients, pytest,
+transformers, ...) is made unimportable there, so the wheel is seen to run
+and serve on requirements.txt alone.
 """
 from __future__ import annotations
 
@@ -51,14 +55,66 @@ print(json.dumps({{"file": guided.__file__, "prefix": sys.prefix, "version": gui
 """
 
 
+#: Run in the fresh venv at start-up (a .pth line imports it): the
+#: distributions requirements-test.txt adds to requirements.txt cannot be imported.
+BLOCKER = """
+import sys
+BLOCKED = {blocked!r}
+class Hidden:
+    def __init__(self, finder):
+        self.finder = finder
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            return None   # as if not installed
+        return self.finder.find_spec(name, path, target)
+    def __getattr__(self, attr):
+        return getattr(self.finder, attr)
+sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
+"""
+
+
+def requirement_names(path: Path) -> set[str]:
+    """Distribution names a requirements file pins (not those it includes with -r)."""
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return {line.split("==")[0].lower().replace("_", "-") for line in lines if line and not line.startswith("-")}
+
+
+def only_test_modules() -> set[str]:
+    """Top-level modules of the distributions only requirements-test.txt installs."""
+    from importlib.metadata import distribution
+    only_test = requirement_names(ROOT / "requirements-test.txt") - requirement_names(ROOT / "requirements.txt")
+    modules = set()
+    for name in only_test:
+        dist = distribution(name)
+        top = dist.read_text("top_level.txt")
+        found = top.split() if top else {f.parts[0].removesuffix(".py") for f in dist.files or ()
+                                         if f.parts[0].endswith(".py") or (len(f.parts) > 1 and f.parts[1] == "__init__.py")}
+        modules.update(m for m in found if m and not m.startswith("_") and m != "nvidia")
+    return modules
+
+
+def test_requirements_split_serving_from_testing():
+    """requirements.txt pins what the wheel declares; the test stack is apart."""
+    import tomllib
+    declared = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    serving = requirement_names(ROOT / "requirements.txt")
+    assert declared <= serving, declared - serving
+    assert not serving & {"pytest", "transformers", "openai", "anthropic", "hypothesis", "mypy"}
+    assert {"openai", "pytest", "transformers", "vllm_router"} <= only_test_modules()
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """`make wheel`'s build (maturin build --release), into a temporary folder."""
+    """`pip wheel .` as a user runs it in a plain shell: no venv activated,
+    the system's PATH (this venv's pip, with its maturin, as the build
+    backend), into a temporary folder."""
     out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    done = subprocess.run([str(BIN / "maturin"), "build", "--release", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != BIN)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
+                           "--wheel-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [built] = out.glob("guided-*.whl")
     return built
 
@@ -75,6 +131,10 @@ def fresh_python(wheel, tmp_path_factory) -> Path:
     site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    text=True).strip()
     Path(site, "_guided_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    Path(site, "_guided_no_test_stack.py").write_text(BLOCKER.format(blocked=sorted(only_test_modules())))
+    Path(site, "_guided_no_test_stack.pth").write_text("import _guided_no_test_stack\n")
+    blocked = subprocess.run([str(python), "-c", "import openai"], capture_output=True, text=True)
+    assert "No module named 'openai'" in blocked.stderr, blocked.stderr
     return python
 
 

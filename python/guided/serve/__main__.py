@@ -112,7 +112,11 @@ def main(argv=None) -> None:
                               max_compile_seconds=args.max_grammar_compile_seconds)
     kv_events = None
     if args.kv_events_endpoint:
-        from .kv_events import KvEventPublisher
+        try:
+            from .kv_events import KvEventPublisher
+        except ImportError as e:
+            raise SystemExit(f"--kv-events-endpoint needs pyzmq and msgpack "
+                             f"(pip install 'guided[fleet]'; make test installs them): {e}") from e
         kv_events = KvEventPublisher(args.kv_events_endpoint, args.kv_events_replay_endpoint,
                                      llm.engine.config.block_size)
     app = create_app(llm, names, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar,

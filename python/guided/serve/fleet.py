@@ -68,7 +68,7 @@ def _healthy(url: str) -> bool:
 def router_command() -> str:
     found = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
     if not os.path.exists(found):
-        raise SystemExit("--replicas needs vllm-router (pip install vllm-router; make setup installs it)")
+        raise SystemExit("--replicas needs vllm-router (pip install 'guided[fleet]'; make test installs it)")
     return found
 
 
