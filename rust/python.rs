@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use crate::block_manager::CacheEvent;
 use crate::python_grammar::PyGrammar;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
-use crate::sequence::{RequestParams, Steering};
+use crate::sequence::{LogitBias, RequestParams, Steering};
 
 /// Per row: None, or (the token's logprob, [(token, logprob)] most likely first).
 type RowLogprobs = Option<(f32, Vec<(u32, f32)>)>;
@@ -144,16 +144,19 @@ impl PyScheduler {
     }
 }
 
-/// `logit_bias` as SamplingParams holds it (`{token: bias}` or None), as
-/// (token, bias) pairs for [`RequestParams`].
-pub(crate) fn logit_bias_pairs(value: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, f64)>> {
-    if value.is_none() {
-        return Ok(Vec::new());
+/// `logit_bias` as SamplingParams holds it (`{token: bias}` or None).
+impl<'py> FromPyObject<'_, 'py> for LogitBias {
+    type Error = PyErr;
+
+    fn extract(value: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        if value.is_none() {
+            return Ok(LogitBias::default());
+        }
+        let bias: HashMap<i64, f64> = value.extract()?;
+        let mut pairs: Vec<(i64, f64)> = bias.into_iter().collect();
+        pairs.sort_by_key(|p| p.0);
+        Ok(LogitBias(pairs))
     }
-    let bias: HashMap<i64, f64> = value.extract()?;
-    let mut pairs: Vec<(i64, f64)> = bias.into_iter().collect();
-    pairs.sort_by_key(|p| p.0);
-    Ok(pairs)
 }
 
 /// What `update()` did for one sampling row.

@@ -66,15 +66,18 @@ pub struct RequestParams {
     pub stop_token_ids: Vec<i64>,
     pub ignore_eos: bool,
     pub min_tokens: i64,
-    /// Added to the logits of these tokens (OpenAI's logit_bias; a
-    /// `{token: bias}` dict or None on the Python side).
-    #[cfg_attr(feature = "python", pyo3(from_py_with = crate::python::logit_bias_pairs))]
-    pub logit_bias: Vec<(i64, f64)>,
+    /// Added to the logits of these tokens (OpenAI's logit_bias).
+    pub logit_bias: LogitBias,
     /// Report logprobs with this many top alternatives (0..=MAX_TOP_LOGPROBS).
     pub logprobs: Option<i64>,
     /// Under a grammar, append the tokens it forces without sampling them.
     pub fast_forward: bool,
 }
+
+/// (token, bias) pairs, by token; read from a `{token: bias}` dict or None
+/// on the Python side (python.rs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogitBias(pub Vec<(i64, f64)>);
 
 /// The most top alternatives a request may ask for per token (OpenAI's 20).
 pub const MAX_TOP_LOGPROBS: i64 = 20;
@@ -94,7 +97,7 @@ impl Default for RequestParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             min_tokens: 0,
-            logit_bias: Vec::new(),
+            logit_bias: LogitBias::default(),
             logprobs: None,
             fast_forward: true,
         }
@@ -151,9 +154,9 @@ impl RequestParams {
 
 impl RequestParams {
     fn logit_bias(&self) -> Result<Vec<(u32, f32)>, String> {
-        let ids: Vec<i64> = self.logit_bias.iter().map(|b| b.0).collect();
+        let ids: Vec<i64> = self.logit_bias.0.iter().map(|b| b.0).collect();
         let ids = token_ids("logit_bias token ids", &ids)?;
-        Ok(ids.into_iter().zip(&self.logit_bias).map(|(t, b)| (t, b.1 as f32)).collect())
+        Ok(ids.into_iter().zip(&self.logit_bias.0).map(|(t, b)| (t, b.1 as f32)).collect())
     }
 }
 
