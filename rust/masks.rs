@@ -4,6 +4,7 @@
 //! The job owns the matchers of the rows it computes and hands them back on
 //! join, so no lock is taken per row.
 
+use std::borrow::Cow;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -72,4 +73,18 @@ impl MaskJob {
     pub fn join(self) -> Option<MaskBatch> {
         self.handle.join().ok()
     }
+}
+
+/// Each sampling row's mask: the grammar's, the caller's (`rows × words`
+/// int32 words), or both ANDed (words past the shorter one are disallowed).
+pub fn row_masks<'a>(batch: Option<&'a MaskBatch>, external: Option<(&'a [i32], usize)>, rows: usize) -> Vec<Cow<'a, [i32]>> {
+    let ext = |i: usize| external.map(|(w, n)| &w[i * n..(i + 1) * n]);
+    (0..rows)
+        .map(|i| match (batch.and_then(|b| b.row(i)), ext(i)) {
+            (Some(g), None) => Cow::Borrowed(g),
+            (None, Some(e)) => Cow::Borrowed(e),
+            (Some(g), Some(e)) => Cow::Owned(g.iter().zip(e).map(|(a, b)| a & b).collect()),
+            (None, None) => Cow::Borrowed(&[][..]),
+        })
+        .collect()
 }
