@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine, write_json  # noqa: E402
 
-from guided import cuda_ops  # noqa: E402
+from guided.model import cuda_ops  # noqa: E402
 
 
 def timed(fn, repeats: int = 50) -> float:

@@ -1,4 +1,5 @@
-"""The CUDA kernels (cuda/): built into the native module on every machine,
+"""The CUDA kernels (cuda/): built into the native module wherever nvcc is
+found at build time (make test installs it; rust/build.rs),
 their algorithms checked on the CPU through the Rust references that run
 the same passes (rust/cuda_reference.rs), their launchers' argument checks
 run without a GPU, and the kernels themselves checked against the
@@ -15,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from guided import _native, cuda_ops
+from guided import _native
+from guided.model import cuda_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU, WHY_NOT = cuda_ops.status()

@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache (CPU/torch path).
+"""Attention over the paged KV cache.
 
 The cache of one layer is a pair of [num_blocks, block_size, kv_heads, head_dim]
 tensors. New K/V rows are scattered in by slot id; a sequence's keys are read
@@ -11,20 +11,19 @@ Grouped-query attention is done without copying K/V per query head: the g query
 heads that share a kv head are stacked as extra query rows of that kv head, so
 SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
 
-On a CUDA device where our kernels can run (guided.cuda_ops), a decode-only
-step reads the paged cache in place with cuda/paged_attention.cu instead of
-gathering it, and new K/V rows are written by its write kernel; prefill
+Where the model runner chose our CUDA kernels (model/cuda_ops.py;
+AttentionMetadata.kernels), a decode-only step reads the paged cache in place
+with cuda/paged_attention.cu instead of gathering it, and new K/V rows are written by its write kernel; prefill
 stays with SDPA over the gathered blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 import torch
 import torch.nn.functional as F
 
-from .. import cuda_ops
+from . import cuda_ops
 
 
 @dataclass
@@ -37,6 +36,7 @@ class AttentionMetadata:
     max_context_len: int
     block_size: int
     is_decode_only: bool
+    kernels: bool = False          # our CUDA kernels run this step (the runner's choice, made once)
 
 
 @dataclass
@@ -69,11 +69,12 @@ class AttentionPlan:
     def __init__(self, attn: AttentionMetadata, device: torch.device):
         self.block_size = attn.block_size
         self.slot_mapping = attn.slot_mapping.to(device=device, dtype=torch.long)
+        self.kernels = attn.kernels
         self.decode: _DecodeGroup | None = None
         self.prefills: list[_PrefillChunk] = []
         #: (block tables, context lengths) as int32 for the CUDA decode kernel
         self.kernel_decode: tuple[torch.Tensor, torch.Tensor] | None = None
-        if attn.is_decode_only and _cuda_kernels(device):
+        if attn.is_decode_only and attn.kernels:
             self.kernel_decode = (attn.block_tables.to(device=device, dtype=torch.int32),
                                   attn.context_lens.to(device=device, dtype=torch.int32))
         tables = attn.block_tables.to(device=device, dtype=torch.long)
@@ -111,16 +112,10 @@ class AttentionPlan:
                 lens.index_select(0, seqs), max(ctx_lens[i] for i in decode_seqs))
 
 
-@cache
-def _cuda_kernels(device: torch.device) -> bool:
-    """Whether our CUDA kernels run on ``device`` (checked once per device)."""
-    return device.type == "cuda" and cuda_ops.status()[0]
-
-
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              plan: AttentionPlan) -> None:
     """Scatter the new tokens' K/V ([T, kv, d]) into their cache slots."""
-    if _cuda_kernels(k_cache.device):
+    if plan.kernels:
         cuda_ops.write_kv(k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous(),
                           k_cache, v_cache, plan.slot_mapping)
         return

@@ -1,12 +1,12 @@
 """The model runner: the one place that knows the device.
 
 It sizes and allocates the paged KV cache for the device the model is on,
-runs the forward pass over a step plan from the scheduler, and hands the
-sampling rows' logits to the host as float32 for the Rust sampler. The
-engine's step loop calls it and never touches torch devices itself.
-
-On CUDA today the same torch path runs on the GPU (paged attention in torch,
-logits copied to the host for sampling); the CUDA kernels are not built yet.
+chooses once whether our CUDA kernels run there (model/cuda_ops.py: decode
+attention over the paged cache and the KV write; without them, or on the
+CPU, attention is torch's), runs the forward pass over a step plan from the
+scheduler, and hands the sampling rows' logits to the host as float32 for
+the Rust sampler. The engine's step loop calls it and never touches torch
+devices itself.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import torch
 
+from . import cuda_ops
 from .attention import AttentionMetadata
 from .llama import allocate_kv_cache
 from .loader import LoadedModel
@@ -52,8 +53,22 @@ class ModelRunner:
             raise ValueError(f"kv_cache_tokens={tokens} is smaller than one block "
                              f"({block_size} tokens)")
         self.num_blocks = tokens // block_size
+        self.kernels = self._choose_kernels()
         self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
                                            loaded.kv_dtype, self.device, self.model.num_kv_heads)
+
+    def _choose_kernels(self) -> bool:
+        """Whether our CUDA kernels run the attention on this device (said once, at start)."""
+        if self.device.type != "cuda":
+            return False
+        ok, why = cuda_ops.status()
+        if ok:
+            log.info("%s: decode attention and the KV write run our CUDA kernels (cuda/); "
+                     "prefill attention is torch's SDPA", self.device)
+        else:
+            log.warning("%s: our CUDA kernels cannot run (%s); attention runs in torch "
+                        "(SDPA over the gathered KV blocks)", self.device, why)
+        return ok
 
     def _step_threads(self, plan) -> int | None:
         """The torch threads for this step, where not torch's own setting (the
@@ -113,7 +128,7 @@ class ModelRunner:
             slot_mapping=t(plan.slot_mapping), block_tables=t(plan.block_tables),
             context_lens=t(plan.context_lens), query_start_loc=t(plan.query_start_loc),
             max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
-            block_size=self.block_size, is_decode_only=plan.is_decode_only)
+            block_size=self.block_size, is_decode_only=plan.is_decode_only, kernels=self.kernels)
         hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
         if len(plan.logits_indices) == 0:
             return None

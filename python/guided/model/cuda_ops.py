@@ -6,7 +6,8 @@ from Rust (``rust/cuda.rs``) on torch's current stream, with the tensors'
 device pointers: nothing goes through the host. Each call's sizes, dtypes
 and devices are checked in Rust before anything is launched, so a bad call
 is a ValueError naming the argument, on any machine. ``status()`` says
-whether the kernels can run here.
+whether the kernels can run here; the model runner asks it once, when it
+starts on a device (model/runner.py), and the attention follows that choice.
 
 Prefill attention is not here: torch's SDPA over the gathered blocks does
 it on CUDA as on the CPU (python/guided/model/attention.py).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import _native
+from .. import _native
 
 
 def status() -> tuple[bool, str]:
