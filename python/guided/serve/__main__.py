@@ -28,15 +28,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help="where the model runs. cuda today: the torch model on the GPU, decode "
-                         "attention and the KV write in guided's CUDA kernels (not yet checked "
-                         "on a GPU), the logits copied to the host for the CPU sampler")
-    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+                    help="where the model runs. cuda: the torch model on the GPU, decode "
+                         "attention and the KV write in guided's CUDA kernels where the build has "
+                         "them (said at start), the logits copied to the host for the sampler")
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16, or gguf (a GGUF's own quantized "
+                         "weights through ggml's kernels, on the CPU)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
-                    help="require 'Authorization: Bearer KEY' on /v1 (env GUIDED_API_KEY)")
+                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1 "
+                         "(env GUIDED_API_KEY)")
     ap.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (file or text) used instead of the model's own")
     ap.add_argument("--enable-tool-grammar", action="store_true",
