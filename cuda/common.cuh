@@ -32,10 +32,12 @@ __device__ __forceinline__ uint64_t draw_bits(uint64_t seed, uint64_t step, uint
   return mix64(mix64(seed ^ mix64(step + 0x9e3779b97f4a7c15ULL)) + token);
 }
 
-// A uniform in (0, 1): the top 24 bits, offset by half a step, so that
-// neither 0 nor 1 comes out and -log(-log(u)) is finite.
+// A uniform in (0, 1): the top 23 bits, offset by half a step, so that
+// neither 0 nor 1 comes out and -log(-log(u)) is finite (k + 0.5 is exact
+// in float for k < 2^23; with 24 bits the largest rounded up to 1, whose
+// Gumbel is +inf). rust/random.rs defines the same stream for the CPU.
 __device__ __forceinline__ float uniform_open(uint64_t bits) {
-  return ((float)(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return ((float)(bits >> 41) + 0.5f) * (1.0f / 8388608.0f);
 }
 
 __device__ __forceinline__ float gumbel(uint64_t seed, uint64_t step, uint32_t token) {

@@ -4,9 +4,9 @@
 //! A full block is cached under a hash chained over its parent's hash and its
 //! own token ids, so one lookup per block walks a prompt's longest cached
 //! prefix. The hash is FNV-1a over the little-endian bytes followed by the
-//! splitmix64 finaliser: written out here rather than taken from
-//! `std::hash`, whose output may change between Rust releases, so a block's
-//! hash is the same on every build and platform.
+//! splitmix64 finaliser (`random::mix64`): written out rather than taken
+//! from `std::hash`, whose output may change between Rust releases, so a
+//! block's hash is the same on every build and platform.
 //!
 //! The hash only finds a candidate. A hit also checks the block's token ids
 //! and the identity of the block it was chained to, so a hash collision
@@ -46,13 +46,7 @@ pub fn hash_block(parent: Option<u64>, tokens: &[u32]) -> u64 {
     for t in tokens {
         eat(&t.to_le_bytes());
     }
-    splitmix64(h)
-}
-
-fn splitmix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+    crate::random::mix64(h)
 }
 
 /// A change to the prefix cache.

@@ -5,9 +5,11 @@
 //! against these and against torch. The argument checks here are the
 //! launchers' too (rust/cuda.rs): one place says what a valid call is.
 //!
-//! The sampler's random numbers are the kernels' (a hash of seed, step and
-//! token), so a seeded draw here picks what the GPU picks, up to the last
-//! bit of an `exp` or `ln` at a tie.
+//! The sampler's random numbers are the one stream both samplers draw from
+//! (`random.rs`: a hash of seed, step and token), so a seeded draw here
+//! picks what the GPU picks, up to the last bit of an `exp` or `ln` at a tie.
+
+use crate::random::gumbel;
 
 /// Positions are split over this many partitions (the kernel's warps), each
 /// with its own online softmax, merged at the end.
@@ -165,22 +167,6 @@ impl RowParams {
         }
         Ok(())
     }
-}
-
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The kernel's uniform in (0, 1) for (seed, step, token).
-pub fn uniform(seed: u64, step: u64, token: u32) -> f32 {
-    let bits = mix64(mix64(seed ^ mix64(step.wrapping_add(0x9e37_79b9_7f4a_7c15))).wrapping_add(u64::from(token)));
-    ((bits >> 40) as f32 + 0.5) * (1.0 / 16_777_216.0)
-}
-
-fn gumbel(seed: u64, step: u64, token: u32) -> f32 {
-    -(-uniform(seed, step, token).ln()).ln()
 }
 
 fn clean(x: f32) -> f32 {
@@ -396,8 +382,9 @@ mod tests {
 
     #[test]
     fn greedy_agrees_with_the_cpu_sampler_on_the_same_mask_words() {
-        use crate::sampling::{new_rng, sample_row, Row, SamplingParams};
-        let mut rng = new_rng(Some(3));
+        use crate::random::{mix64, Stream};
+        use crate::sampling::{sample_row, Row, SamplingParams};
+        let mut rng = Stream::new(Some(3));
         let params = SamplingParams::default();
         let row = Row { params: &params, prompt: &[], output: &[], banned: &[] };
         for case in 0u64..20 {
@@ -409,6 +396,36 @@ mod tests {
             assert_eq!(token, cpu.token, "case {case}");
             assert!((logprob - cpu.logprob).abs() < 1e-4, "case {case}: {logprob} vs {}", cpu.logprob);
         }
+    }
+
+    #[test]
+    fn seeded_draws_agree_with_the_cpu_sampler() {
+        use crate::random::{mix64, Stream};
+        use crate::sampling::{sample_row, Row, SamplingParams};
+        let knobs = [(0.8, 0, 1.0, 0.0), (1.3, 0, 1.0, 0.05), (1.0, 40, 1.0, 0.0), (0.7, 0, 1.0, 0.2)];
+        let (mut same, mut draws) = (0, 0);
+        for case in 0u64..40 {
+            let vocab = 2000 + case as usize * 13;
+            // distinct logits, a few nats apart at the top: the top-k cut is exact for both
+            let logits: Vec<f32> = (0..vocab).map(|i| (mix64(case * 100_000 + i as u64) >> 44) as f32 / 1e4 - 50.0).collect();
+            let words: Vec<i32> = (0..vocab.div_ceil(32)).map(|w| (mix64(case ^ (w as u64 * 7)) | 1) as i32).collect();
+            let (temperature, top_k, top_p, min_p) = knobs[case as usize % knobs.len()];
+            let params = SamplingParams { temperature, top_k, top_p, min_p, ..SamplingParams::default() };
+            let row = Row { params: &params, prompt: &[], output: &[], banned: &[] };
+            let mut stream = Stream::new(Some(case));
+            for step in 0..5 {
+                let cpu = sample_row(&logits, Some(&words), &row, &mut stream);
+                let rp = RowParams { temperature, top_k: top_k as i32, top_p, min_p, seed: case, step };
+                let (token, logprob) = masked_sample(&logits, Some(&words), &rp);
+                draws += 1;
+                same += usize::from(token == cpu.token);
+                if token == cpu.token {
+                    assert!((logprob - cpu.logprob).abs() < 1e-3, "case {case}: {logprob} vs {}", cpu.logprob);
+                }
+            }
+        }
+        // the same stream and the same Gumbel-max: equal but for a tie in the last bit
+        assert_eq!(same, draws, "{same} of {draws} draws agree");
     }
 
     fn row_params() -> RowParams {

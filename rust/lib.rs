@@ -10,6 +10,7 @@ pub mod grammar;
 pub mod masks;
 pub mod pool;
 pub mod quant;
+pub mod random;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

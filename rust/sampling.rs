@@ -2,20 +2,14 @@
 //!
 //! Per row: repetition penalty → frequency/presence penalties → logit bias → temperature
 //! → allowed-token mask → top-k → top-p → min-p → a draw from the row's own
-//! seeded RNG. A disallowed token always has probability zero; a row whose
-//! mask allows nothing yields token -1 rather than an arbitrary token.
+//! seeded stream (`random.rs`: Gumbel-max, as the CUDA sampler draws, so a
+//! seed gives the same tokens on both). A disallowed token always has
+//! probability zero; a row whose mask allows nothing yields token -1 rather
+//! than an arbitrary token.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-/// The per-request random stream: reproducible from the request's seed.
-pub type SeqRng = ChaCha8Rng;
-
-pub fn new_rng(seed: Option<u64>) -> SeqRng {
-    let seed = seed.unwrap_or_else(|| rand::rng().next_u64());
-    SeqRng::seed_from_u64(seed)
-}
+use crate::random::{gumbel, gumbel_bound, Stream};
 
 /// Sampling knobs, validated by [`SamplingParams::validate`].
 #[derive(Debug, Clone, PartialEq)]
@@ -114,7 +108,7 @@ pub fn sample_batch(
     vocab: usize,
     mask: Option<(&[i32], usize)>,
     rows: &[Row<'_>],
-    rngs: &mut [SeqRng],
+    rngs: &mut [Stream],
 ) -> Vec<Sampled> {
     let masks: Vec<Option<&[i32]>> = match mask {
         Some((words, w)) => (0..rows.len()).map(|i| Some(&words[i * w..(i + 1) * w])).collect(),
@@ -130,7 +124,7 @@ pub fn sample_rows(
     vocab: usize,
     masks: &[Option<&[i32]>],
     rows: &[Row<'_>],
-    rngs: &mut [SeqRng],
+    rngs: &mut [Stream],
 ) -> Vec<Sampled> {
     assert_eq!(logits.len(), rows.len() * vocab, "logits shape");
     assert_eq!(rngs.len(), rows.len(), "one rng per row");
@@ -147,19 +141,22 @@ pub fn sample_rows(
         .collect()
 }
 
-pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut SeqRng) -> Sampled {
+pub fn sample_row(logits: &[f32], mask: Option<&[i32]>, row: &Row<'_>, rng: &mut Stream) -> Sampled {
     let x = processed(logits, mask, row);
+    let step = rng.step;
+    rng.step += 1;
     let Some(n) = row.params.logprobs else {
-        return draw(x, row.params, rng);
+        return draw(x, row.params, rng.seed, step);
     };
-    let mut s = draw(x.clone(), row.params, rng);
+    let mut s = draw(x.clone(), row.params, rng.seed, step);
     if let Ok(token) = u32::try_from(s.token) {
         s.top = top_logprobs(&x, token, n);
     }
     s
 }
 
-fn draw(mut x: Vec<f32>, p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
+/// One draw (the stream's `step`-th) from the processed row.
+fn draw(mut x: Vec<f32>, p: &SamplingParams, seed: u64, step: u64) -> Sampled {
     let max = max_of(&x);
     if !usable(max) {
         return NOTHING;
@@ -174,13 +171,13 @@ fn draw(mut x: Vec<f32>, p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
     let inv_t = 1.0 / p.temperature;
     x.iter_mut().for_each(|v| *v = (*v - max) * inv_t);
     if p.top_k > 0 || p.top_p < 1.0 {
-        draw_filtered(&x, p, rng)
+        draw_filtered(&x, p, seed, step)
     } else {
         if p.min_p > 0.0 {
             let floor = p.min_p.ln();
             x.iter_mut().filter(|v| **v < floor).for_each(|v| *v = f32::NEG_INFINITY);
         }
-        draw_dense(&mut x, rng)
+        draw_dense(&mut x, seed, step)
     }
 }
 
@@ -360,42 +357,40 @@ fn better(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// A draw over the whole row (no top-k/top-p): weights in place, then a
-/// two-level search (per-block sums, then within the block).
-fn draw_dense(x: &mut [f32], rng: &mut SeqRng) -> Sampled {
-    const BLOCK: usize = 1024;
-    x.iter_mut().for_each(|v| *v = exp_le0(*v));
-    let sums: Vec<f64> = x.chunks(BLOCK).map(|c| lane_sum(c, |w| w)).collect();
-    let total: f64 = sums.iter().sum();
-    let mut target = unit_f64(rng) * total;
-    let mut pick = None;
-    for (b, &s) in sums.iter().enumerate() {
-        if target < s {
-            pick = pick_in(&x[b * BLOCK..(b * BLOCK + BLOCK).min(x.len())], target).map(|i| b * BLOCK + i);
-            if pick.is_some() {
-                break;
-            }
+/// The Gumbel-max pick among `(scaled logit ≤ 0, token)` candidates: the
+/// largest `s + gumbel(seed, step, token)`, the first on a tie, as the CUDA
+/// sampler picks. A candidate whose `s` plus the largest Gumbel cannot beat
+/// the best key so far is skipped unhashed; the row's best (s = 0) goes
+/// first, so most of a vocabulary is skipped.
+fn gumbel_max(cands: impl Iterator<Item = (f32, u32)> + Clone, seed: u64, step: u64) -> Option<u32> {
+    let bound = gumbel_bound();
+    let first = cands.clone().find(|c| c.0 == 0.0)?;
+    let (mut key, mut pick) = (gumbel(seed, step, first.1), first.1);
+    for (s, t) in cands {
+        if s + bound < key || t == first.1 {
+            continue;
         }
-        target -= s;
+        let k = s + gumbel(seed, step, t);
+        if k > key || (k == key && t < pick) {
+            (key, pick) = (k, t);
+        }
     }
-    // Rounding can leave the target past the end: take the last token with weight.
-    let pick = pick.or_else(|| x.iter().rposition(|&w| w > 0.0)).expect("the max has weight 1");
-    Sampled { token: pick as i64, logprob: (f64::from(x[pick]) / total).ln() as f32, top: None }
+    Some(pick)
 }
 
-fn pick_in(weights: &[f32], target: f64) -> Option<usize> {
-    let mut acc = 0.0;
-    for (i, &w) in weights.iter().enumerate() {
-        acc += f64::from(w);
-        if target < acc && w > 0.0 {
-            return Some(i);
-        }
-    }
-    None
+/// A draw over the whole row (no top-k/top-p): Gumbel-max over the usable
+/// tokens, and the log-probability from the row's weights.
+fn draw_dense(x: &mut [f32], seed: u64, step: u64) -> Sampled {
+    let usable = x.iter().enumerate().filter(|c| *c.1 > f32::NEG_INFINITY).map(|(i, &v)| (v, i as u32));
+    let pick = gumbel_max(usable, seed, step).expect("the max is usable") as usize;
+    let best = x[pick];
+    x.iter_mut().for_each(|v| *v = exp_le0(*v));
+    let total = lane_sum(x, |w| w);
+    Sampled { token: pick as i64, logprob: (f64::from(exp_le0(best)) / total).ln() as f32, top: None }
 }
 
 /// Top-k → top-p → min-p over an explicit candidate list, then one draw.
-fn draw_filtered(x: &[f32], p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
+fn draw_filtered(x: &[f32], p: &SamplingParams, seed: u64, step: u64) -> Sampled {
     let mut cands = if p.top_k > 0 {
         let top = keep_top_k(likely_top(x, p.top_k).into_iter(), p.top_k);
         keep_nucleus(top.into_iter(), p.top_p, None)
@@ -407,19 +402,10 @@ fn draw_filtered(x: &[f32], p: &SamplingParams, rng: &mut SeqRng) -> Sampled {
         let floor = p.min_p.ln();
         cands.retain(|c| c.0 >= floor);
     }
-    let weights: Vec<f64> = cands.iter().map(|c| f64::from(exp_le0(c.0))).collect();
-    let total: f64 = weights.iter().sum();
-    let target = unit_f64(rng) * total;
-    let mut acc = 0.0;
-    let mut pick = weights.iter().rposition(|&w| w > 0.0).expect("the max has weight 1");
-    for (i, w) in weights.iter().enumerate() {
-        acc += w;
-        if target < acc && *w > 0.0 {
-            pick = i;
-            break;
-        }
-    }
-    Sampled { token: i64::from(cands[pick].1), logprob: (weights[pick] / total).ln() as f32, top: None }
+    let total: f64 = cands.iter().map(|c| f64::from(exp_le0(c.0))).sum();
+    let pick = gumbel_max(cands.iter().copied(), seed, step).expect("the max is kept");
+    let s = cands.iter().find(|c| c.1 == pick).expect("picked among them").0;
+    Sampled { token: i64::from(pick), logprob: (f64::from(exp_le0(s)) / total).ln() as f32, top: None }
 }
 
 // Top-k and top-p need the best candidates in order, but sorting a whole
@@ -547,14 +533,19 @@ where
     kept
 }
 
-/// Uniform in [0, 1) with 53 random bits.
-fn unit_f64(rng: &mut SeqRng) -> f64 {
-    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Test data, reproducible.
+    pub(super) struct Numbers(pub u64);
+
+    impl Numbers {
+        pub fn next_u32(&mut self) -> u32 {
+            self.0 += 1;
+            (crate::random::mix64(self.0) >> 32) as u32
+        }
+    }
 
     fn params(temperature: f32) -> SamplingParams {
         SamplingParams { temperature, ..Default::default() }
@@ -562,12 +553,12 @@ mod tests {
 
     fn one(logits: &[f32], p: &SamplingParams, mask: Option<&[i32]>, seed: u64) -> Sampled {
         let row = Row { params: p, prompt: &[], output: &[], banned: &[] };
-        sample_row(logits, mask, &row, &mut new_rng(Some(seed)))
+        sample_row(logits, mask, &row, &mut Stream::new(Some(seed)))
     }
 
     fn hist(logits: &[f32], p: &SamplingParams, n: usize, seed: u64) -> Vec<usize> {
         let row = Row { params: p, prompt: &[], output: &[], banned: &[] };
-        let mut rng = new_rng(Some(seed));
+        let mut rng = Stream::new(Some(seed));
         let mut counts = vec![0; logits.len()];
         for _ in 0..n {
             counts[sample_row(logits, None, &row, &mut rng).token as usize] += 1;
@@ -649,7 +640,7 @@ mod tests {
     fn penalties_change_the_greedy_choice() {
         let p = SamplingParams { repetition_penalty: 4.0, ..params(0.0) };
         let row = Row { params: &p, prompt: &[1], output: &[3], banned: &[] };
-        let s = sample_row(&LOGITS, None, &row, &mut new_rng(Some(0)));
+        let s = sample_row(&LOGITS, None, &row, &mut Stream::new(Some(0)));
         assert_eq!(s.token, 2);
     }
 
@@ -691,7 +682,7 @@ mod tests {
     fn banned_tokens_are_never_drawn() {
         let p = params(0.0);
         let row = Row { params: &p, prompt: &[], output: &[], banned: &[1, 3] };
-        assert_eq!(sample_row(&LOGITS, None, &row, &mut new_rng(Some(0))).token, 2);
+        assert_eq!(sample_row(&LOGITS, None, &row, &mut Stream::new(Some(0))).token, 2);
     }
 
     #[test]
@@ -702,7 +693,7 @@ mod tests {
         assert_eq!(a, b);
         let draws = |seed| {
             let row = Row { params: &p, prompt: &[], output: &[], banned: &[] };
-            let mut rng = new_rng(Some(seed));
+            let mut rng = Stream::new(Some(seed));
             (0..50).map(|_| sample_row(&LOGITS, None, &row, &mut rng).token).collect::<Vec<_>>()
         };
         assert_eq!(draws(7), draws(7));
@@ -715,7 +706,7 @@ mod tests {
         let rows = [Row { params: &p, prompt: &[], output: &[], banned: &[] }; 3];
         let logits: Vec<f32> = LOGITS.iter().cycle().take(18).copied().collect();
         let mask = [1 << 0, 1 << 4, 1 << 5];
-        let mut rngs: Vec<SeqRng> = (0..3).map(|s| new_rng(Some(s))).collect();
+        let mut rngs: Vec<Stream> = (0..3).map(|s| Stream::new(Some(s))).collect();
         let out = sample_batch(&logits, 6, Some((&mask, 1)), &rows, &mut rngs);
         let tokens: Vec<i64> = out.iter().map(|s| s.token).collect();
         assert_eq!(tokens, vec![0, 4, 5]);
@@ -797,7 +788,7 @@ mod tests {
 
     #[test]
     fn bucketed_top_k_and_top_p_match_a_full_sort() {
-        let mut rng = new_rng(Some(5));
+        let mut rng = Numbers(5);
         for case in 0..200 {
             let n = 1 + (rng.next_u32() % 3000) as usize;
             let spread = [0.01f32, 1.0, 30.0][case % 3];
@@ -860,6 +851,7 @@ mod tests {
 
 #[cfg(test)]
 mod timing {
+    use super::tests::Numbers;
     use super::*;
 
     /// `cargo test --release -- --ignored --nocapture sampling_speed`
@@ -867,8 +859,9 @@ mod timing {
     #[ignore]
     fn sampling_speed() {
         let v = 152_064;
-        let mut rng = new_rng(Some(1));
-        let logits: Vec<f32> = (0..v).map(|i| (rng.next_u32() % 1000) as f32 / 100.0 + if i < 50 { 15.0 } else { 0.0 }).collect();
+        let mut numbers = Numbers(1);
+        let mut rng = Stream::new(Some(1));
+        let logits: Vec<f32> = (0..v).map(|i| (numbers.next_u32() % 1000) as f32 / 100.0 + if i < 50 { 15.0 } else { 0.0 }).collect();
         let cases = [
             ("greedy", SamplingParams::default()),
             ("temp", SamplingParams { temperature: 0.7, ..Default::default() }),

@@ -569,7 +569,7 @@ impl Scheduler {
                 None => Row { params: &stand_in, prompt: &[], output: &[], banned },
             })
             .collect();
-        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| crate::sampling::new_rng(Some(0)), |s| s.rng.clone())).collect();
+        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| crate::random::Stream::new(Some(0)), |s| s.rng)).collect();
         let mut out = sample_rows(logits, vocab, &masks, &rows_in, &mut rngs);
         for ((id, rng), o) in ids.iter().zip(rngs).zip(&mut out) {
             match self.seqs.get_mut(id) {

@@ -3,7 +3,8 @@
 use crate::block_manager::SeqBlocks;
 use crate::closing::{shortest_completion, Closer, MAX_BYTES};
 use crate::grammar::GrammarMatcher;
-use crate::sampling::{new_rng, SamplingParams, SeqRng};
+use crate::random::Stream;
+use crate::sampling::SamplingParams;
 
 pub type SeqId = u64;
 
@@ -238,7 +239,7 @@ pub struct Sequence {
     pub status: Status,
     pub sampling: SamplingParams,
     pub stop: StopParams,
-    pub rng: SeqRng,
+    pub rng: Stream,
     /// Prefix-cache hit at first admission (reported to the user).
     pub num_cached_tokens: Option<usize>,
     /// Admission order among all requests, for FIFO and preemption.
@@ -264,7 +265,7 @@ impl Sequence {
             status: Status::Waiting,
             sampling,
             stop,
-            rng: new_rng(seed),
+            rng: Stream::new(seed),
             num_cached_tokens: None,
             arrival,
             constraint: None,
