@@ -4,14 +4,12 @@ by token id (DESIGN.md rule 11), as it streams.
 One parser serves both streaming and whole outputs: ``push`` takes the
 tokens of each step and returns OpenAI-shaped deltas; ``result`` is the
 sum of all deltas. Control tokens never become text. Inside a calls block
-the text is parsed against the format's parts (tool_formats.py); a block
-that does not parse (only possible without the tool grammar) is returned as
-content rather than lost.
+the text is parsed against the format's parts (tool_formats.py) by
+calls.py; a block that does not parse (only possible without the tool
+grammar) is returned as content rather than lost.
 """
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -19,9 +17,8 @@ from typing import Callable
 from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
-from .tool_formats import ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, PyArgs, Special, resolve
-
-_DECODER = json.JSONDecoder()
+from .calls import ParsedCall, parse_calls
+from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve
 
 
 @dataclass
@@ -31,15 +28,6 @@ class ChatDelta:
     tool_calls: list[dict] | None = None
     finish_reason: str | None = None   # only on a stream's last delta
     error: str | None = None
-
-
-@dataclass
-class ParsedCall:
-    name: str | None = None
-    call_id: str | None = None
-    index: str | None = None  # the INDEX the model wrote, where the format has one
-    args: str = ""            # the arguments JSON text so far
-    done: bool = False
 
 
 @dataclass
@@ -293,237 +281,3 @@ def _partial_end(text: str, word: str) -> int:
         if word.startswith(text[-k:]):
             return k
     return 0
-
-
-def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
-                special: SpecialTokens) -> tuple[list[ParsedCall], bool]:
-    """The calls in a (possibly unfinished) calls block; ok is False when the
-    text cannot be a prefix of a block of this format."""
-    f = fmt.format
-    cur = _Cursor(text, special)
-    if not cur.parts(f.open):
-        return [], cur.ok
-    calls: list[ParsedCall] = []
-    while True:
-        if calls and not cur.parts(f.sep):
-            break
-        call = ParsedCall()
-        calls.append(call)
-        if not _parse_call(cur, f, call, schemas):
-            return calls, cur.ok
-        if cur.at_end():
-            return calls, True
-        if not cur.peek(f.sep or _lead(f.call)):
-            break
-    cur.parts(f.close)
-    return calls, cur.ok
-
-
-def _lead(parts) -> tuple:
-    """The fixed parts a call starts with (up to its first hole)."""
-    out = []
-    for p in parts:
-        if not isinstance(p, (Lit, Special)):
-            break
-        out.append(p)
-    return tuple(out)
-
-
-def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -> bool:
-    parts = f.call
-    for k, part in enumerate(parts):
-        if part is NAME:
-            nxt = cur.render(parts[k + 1]) if k + 1 < len(parts) else ""
-            call.name = cur.name(schemas, nxt)
-            if call.name is None:
-                return False
-        elif part is CALL_ID:
-            call.call_id = cur.regex(f.call_id)
-            if call.call_id is None:
-                return False
-        elif part is INDEX:
-            call.index = cur.regex(r"[0-9]{1,3}")
-            if call.index is None or cur.at_end():   # more digits may follow
-                call.index = None
-                return False
-        elif part is ARGS:
-            nxt = cur.render(parts[k + 1]) if k + 1 < len(parts) else ""
-            if isinstance(f.args, JsonArgs):
-                if not cur.json_args(call):
-                    return False
-            elif isinstance(f.args, PyArgs):
-                if not cur.py_args(call, f.args, schemas, nxt):
-                    return False
-            elif not cur.xml_args(call, f.args, schemas, nxt):
-                return False
-        elif not cur.parts((part,)):
-            return False
-    call.done = True
-    return True
-
-
-class _Cursor:
-    """Reads a calls block left to right; stops (ok stays True) where the
-    text ends before a part is complete, fails (ok False) on a mismatch."""
-
-    def __init__(self, text: str, special: SpecialTokens):
-        self.text, self.pos, self.ok, self.special = text, 0, True, special
-
-    def render(self, part) -> str:
-        return resolve(part, self.special)[1] if isinstance(part, (Lit, Special)) else ""
-
-    def at_end(self) -> bool:
-        return self.pos >= len(self.text)
-
-    def peek(self, parts) -> bool:
-        want = "".join(self.render(p) for p in parts if isinstance(p, (Lit, Special)))
-        return bool(want) and self.text.startswith(want, self.pos)
-
-    def expect(self, want: str) -> bool:
-        rest = self.text[self.pos:]
-        if rest.startswith(want):
-            self.pos += len(want)
-            return True
-        if not want.startswith(rest):
-            self.ok = False
-        return False
-
-    def parts(self, parts) -> bool:
-        return all(self.expect(self.render(p)) for p in parts if isinstance(p, (Lit, Special)))
-
-    def name(self, schemas: dict[str, dict], nxt: str) -> str | None:
-        rest = self.text[self.pos:]
-        for name in sorted(schemas, key=len, reverse=True):
-            if rest.startswith(name + nxt) or (rest.startswith(name) and nxt.startswith(rest[len(name):])):
-                self.pos += len(name)
-                return name
-        if not any((n + nxt).startswith(rest) for n in schemas):
-            self.ok = False
-        return None
-
-    def regex(self, pattern: str) -> str | None:
-        m = re.compile(pattern).match(self.text, self.pos)
-        if m is None:
-            return None
-        self.pos = m.end()
-        return m.group(0)
-
-    def json_args(self, call: ParsedCall) -> bool:
-        try:
-            value, end = _DECODER.raw_decode(self.text, self.pos)
-        except json.JSONDecodeError:
-            call.args = self.text[self.pos:]
-            return False
-        if not isinstance(value, dict):
-            self.ok = False
-            return False
-        call.args = self.text[self.pos:end]
-        self.pos = end
-        return True
-
-    def xml_args(self, call: ParsedCall, style, schemas: dict[str, dict], nxt: str) -> bool:
-        """XML arguments (tool_formats.XmlArgs) into ``call.args`` as JSON,
-        once they are whole: False while the text ends inside them."""
-        props = (schemas.get(call.name) or {}).get("properties") or {}
-        key_open, value_close = self.fixed(style.key_open), self.fixed(style.value_close)
-        close_head = self.render(style.key_close[0]) if style.key_close else ""
-        values = {}
-        while True:
-            if not self.text.startswith(key_open, self.pos):
-                rest = self.text[self.pos:]
-                if key_open.startswith(rest) and rest or (not rest and nxt):
-                    return False   # cut before the next part: which one is not known yet
-                break
-            head = self.pos + len(key_open)
-            end_name = self.text.find(close_head, head) if close_head else head
-            if end_name < 0:
-                return False
-            name, is_string = self.text[head:end_name], None
-            self.pos = end_name
-            for part in style.key_close:
-                if part is IS_STRING:
-                    flag = self.regex("true|false")
-                    if flag is None:
-                        return False
-                    is_string = flag == "true"
-                elif not self.expect(self.render(part)):
-                    return False
-            tail = self.text.find(value_close, self.pos)
-            if tail < 0:
-                return False
-            raw = self.text[self.pos:tail]
-            values[name] = raw if is_string else _xml_typed(raw, props.get(name) or {}) \
-                if is_string is None else _json_or_raw(raw)
-            self.pos = tail + len(value_close)
-        call.args = json.dumps(values, ensure_ascii=False)
-        return True
-
-    def py_args(self, call: ParsedCall, style: PyArgs, schemas: dict[str, dict], nxt: str) -> bool:
-        """Python keyword arguments (tool_formats.PyArgs) into ``call.args``
-        as JSON, once they are whole: False while the text ends inside them."""
-        props = (schemas.get(call.name) or {}).get("properties") or {}
-        values = {}
-        while not self.text.startswith(nxt, self.pos):
-            if values and not self.expect(", "):
-                return False
-            eq = self.text.find("=", self.pos)
-            if eq < 0:
-                return False
-            name = self.text[self.pos:eq]
-            self.pos = eq + 1
-            value = self._py_value(style, props.get(name) or {})
-            if value is _CUT:
-                return False
-            values[name] = value
-        call.args = json.dumps(values, ensure_ascii=False)
-        return True
-
-    def _py_value(self, style: PyArgs, schema: dict):
-        kind = schema.get("type")
-        quoted = style.quote_all or (kind == "string" or self.text.startswith(style.quote, self.pos))
-        if quoted and kind not in ("object", "array"):
-            q = '"' if style.quote_all else style.quote
-            if not self.expect(q):
-                return _CUT
-            end = self.text.find(q, self.pos)
-            if end < 0:
-                return _CUT
-            raw, self.pos = self.text[self.pos:end], end + 1
-            return raw if kind == "string" else _py_scalar(raw)
-        if style.quote_all and not self.expect('"'):
-            return _CUT
-        if self.text.startswith(("{", "["), self.pos):
-            try:
-                value, self.pos = _DECODER.raw_decode(self.text, self.pos)
-            except json.JSONDecodeError:
-                return _CUT
-        else:
-            m = re.compile(r"[^,)\"]*").match(self.text, self.pos)
-            if m.end() >= len(self.text):
-                return _CUT   # the value may go on
-            value, self.pos = _py_scalar(m.group(0)), m.end()
-        if style.quote_all and not self.expect('"'):
-            return _CUT
-        return value
-
-    def fixed(self, parts) -> str:
-        return "".join(self.render(p) for p in parts)
-
-
-_CUT = object()   # a value the text ends inside
-
-
-def _py_scalar(raw: str):
-    """A Python scalar as a template writes it (True, None, 24, 1.5)."""
-    return {"True": True, "False": False, "None": None}.get(raw, _json_or_raw(raw))
-
-
-def _xml_typed(raw: str, schema: dict):
-    return raw if schema.get("type") == "string" else _json_or_raw(raw)
-
-
-def _json_or_raw(raw: str):
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
