@@ -5,7 +5,8 @@ Sources, in order: the tokenizer's added tokens; the ids the model files
 declare (tokenizer_config.json, generation_config.json, config.json, GGUF
 metadata); the chat template (the token that ends an assistant turn in a
 render is an end token whatever the metadata says); and, where the files are
-silent, the per-family table below. Every other module asks the registry
+silent, the marker roles below and the tool-call markers of the format table
+(chat/tool_formats.py). Every other module asks the registry
 (``registry.id("tool_call_start")``, ``registry.end_ids``) and never matches
 token text itself.
 """
@@ -24,55 +25,38 @@ KNOWN_END_TEXTS = frozenset({
     "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>", "</s>",
 })
 
-# The per-family table: marker text → the role other modules ask for.
+# Markers no tool-call format writes: text → the role other modules ask
+# for. The tool-call markers are the format table's (tool_marker_rows).
 MARKER_ROLES: Mapping[str, str] = MappingProxyType({
     # reasoning
     "<think>": "reasoning_start", "</think>": "reasoning_end",
     "[THINK]": "reasoning_start", "[/THINK]": "reasoning_end",
-    # Hermes / Qwen tool calls
-    "<tool_call>": "tool_call_start", "</tool_call>": "tool_call_end",
-    "<tool_response>": "tool_response_start", "</tool_response>": "tool_response_end",
-    # NVIDIA Nemotron (Llama 3.3 Super v1.5, Nano 2): a JSON list of calls
-    "<TOOLCALL>": "toolcall_list_start", "</TOOLCALL>": "toolcall_list_end",
-    # Liquid LFM2: a JSON list of calls
-    "<|tool_call_start|>": "tool_call_list_start", "<|tool_call_end|>": "tool_call_list_end",
-    # Phi-4-mini: one JSON call per marker pair
-    "<|tool_call|>": "tool_call_marker", "<|/tool_call|>": "tool_call_marker_end",
-    # GLM 4.5 / 4.6: XML key/value arguments
-    "<arg_key>": "arg_key_start", "</arg_key>": "arg_key_end",
-    "<arg_value>": "arg_value_start", "</arg_value>": "arg_value_end",
-    # MiniMax-M2, Seed-OSS: XML invoke/function blocks
-    "<minimax:tool_call>": "minimax_tool_call_start", "</minimax:tool_call>": "minimax_tool_call_end",
-    "<seed:tool_call>": "seed_tool_call_start", "</seed:tool_call>": "seed_tool_call_end",
     "<seed:think>": "reasoning_start", "</seed:think>": "reasoning_end",
-    # InternLM2: <|action_start|><|plugin|> JSON <|action_end|>
-    "<|action_start|>": "action_start", "<|plugin|>": "plugin", "<|action_end|>": "action_end",
-    # Cohere Command R7B: a JSON list of actions
-    "<|START_ACTION|>": "action_list_start", "<|END_ACTION|>": "action_list_end",
-    # Kimi K2: a section of calls, each id "functions.NAME:IDX"
-    "<|tool_calls_section_begin|>": "tool_calls_section_begin",
-    "<|tool_calls_section_end|>": "tool_calls_section_end",
-    "<|tool_call_begin|>": "kimi_tool_call_begin", "<|tool_call_argument_begin|>": "kimi_tool_args_begin",
-    # (Kimi's <|tool_call_end|> is LFM2's tool_call_list_end text: one role per text)
+    # Hermes / Qwen tool results
+    "<tool_response>": "tool_response_start", "</tool_response>": "tool_response_end",
     # Llama 3.x
     "<|python_tag|>": "python_tag",
     "<|start_header_id|>": "header_start", "<|end_header_id|>": "header_end",
     # Mistral
-    "[TOOL_CALLS]": "tool_calls_marker", "[ARGS]": "tool_args_marker", "[CALL_ID]": "tool_call_id_marker",
+    "[CALL_ID]": "tool_call_id_marker",
     "[AVAILABLE_TOOLS]": "tools_start", "[/AVAILABLE_TOOLS]": "tools_end",
     "[TOOL_RESULTS]": "tool_results_start", "[/TOOL_RESULTS]": "tool_results_end",
     "[INST]": "user_start", "[/INST]": "user_end",
     "[SYSTEM_PROMPT]": "system_start", "[/SYSTEM_PROMPT]": "system_end",
     # DeepSeek R1 / V3
-    "<｜tool▁calls▁begin｜>": "tool_calls_begin", "<｜tool▁calls▁end｜>": "tool_calls_end",
-    "<｜tool▁call▁begin｜>": "tool_call_begin", "<｜tool▁call▁end｜>": "tool_call_end_ds",
-    "<｜tool▁sep｜>": "tool_sep",
     "<｜tool▁outputs▁begin｜>": "tool_outputs_begin", "<｜tool▁outputs▁end｜>": "tool_outputs_end",
     "<｜tool▁output▁begin｜>": "tool_output_begin", "<｜tool▁output▁end｜>": "tool_output_end",
     "<｜User｜>": "user_start", "<｜Assistant｜>": "assistant_start",
     # ChatML
     "<|im_start|>": "turn_start",
 })
+
+
+def tool_marker_rows() -> tuple[tuple[str, str], ...]:
+    """(text, role) of every marker the tool-call format table writes: the
+    table spells them, the registry finds them among the added tokens."""
+    from .chat.tool_formats import MARKERS   # here: the chat layer imports this module
+    return tuple((m.text, m.role) for m in MARKERS)
 
 
 @dataclass(frozen=True)
@@ -86,7 +70,7 @@ class SpecialTokens:
     end_ids: frozenset[int]
     control_ids: frozenset[int]
     texts: Mapping[int, str]                  # id → text, for every added token
-    roles: Mapping[str, int] = field(default_factory=dict)   # role → id, from MARKER_ROLES
+    roles: Mapping[str, int] = field(default_factory=dict)   # role → id: MARKER_ROLES, tool markers
     bos_id: int | None = None
     pad_id: int | None = None
 
@@ -100,7 +84,7 @@ class SpecialTokens:
         if not ends:
             raise ValueError("the model declares no end token; generation could never stop")
         roles: dict[str, int] = {}
-        for text, role in MARKER_ROLES.items():
+        for text, role in (*MARKER_ROLES.items(), *tool_marker_rows()):
             if text in ids:
                 roles.setdefault(role, ids[text])
         return cls(end_ids=frozenset(ends), control_ids=frozenset(texts),

@@ -1,12 +1,13 @@
 """The tool-call format table: how each model family writes a tool call.
 
-Each format is a sequence of parts: special tokens (by registry role),
-literal text, and three holes (the tool's NAME, its ARGS, a CALL_ID the
-model writes). From these one description come the three things that must
-agree byte for byte (DESIGN.md rules 5 and 6): the grammar that makes the
-model write a call (chat/grammar.py), the parser that reads it back
-(chat/parser.py), and the text the family's template renders for a past
-call, which :func:`detect` checks by rendering a probe conversation.
+Each format is a sequence of parts: marker tokens (spelled here only: the
+registry's tool rows come from MARKERS), literal text, and three holes (the
+tool's NAME, its ARGS, a CALL_ID the model writes). From these one
+description come the three things that must agree byte for byte (DESIGN.md
+rules 5 and 6): the grammar that makes the model write a call
+(chat/grammar.py), the parser that reads it back (chat/parser.py), and the
+text the family's template renders for a past call, which :func:`detect`
+checks by rendering a probe conversation.
 """
 from __future__ import annotations
 
@@ -23,19 +24,25 @@ log = logging.getLogger("guided.chat")
 
 @dataclass(frozen=True)
 class Special:
-    """A marker token by registry role; where the tokenizer has no such
-    token (the template writes the marker as text) it is that text."""
+    """A marker: the model's added token spelled ``text`` where it has one,
+    else that text (the template writes the marker as text). This table is
+    the one place a tool-call marker is spelled; the registry's tool rows
+    are built from it (MARKERS)."""
 
-    role: str   # a SpecialTokens role, e.g. "tool_call_start"
-    text: str   # the family's marker text
+    text: str
+    #: the registry's name for the marker where other modules ask for it by
+    #: name (``registry.id("tool_call_start")``); else its text is its role
+    name: str | None = None
+
+    @property
+    def role(self) -> str:
+        return self.name or self.text
 
 
 def resolve(part: "Special | Lit", special: SpecialTokens | None) -> tuple[int | None, str]:
     """(token id or None, text) of a fixed part."""
-    if isinstance(part, Special) and special is not None and special.id(part.role) is not None:
-        tid = special.id(part.role)
-        return tid, special.text(tid)
-    return None, part.text
+    tid = special.id(part.role) if isinstance(part, Special) and special is not None else None
+    return tid, part.text
 
 
 @dataclass(frozen=True)
@@ -163,78 +170,77 @@ def xml_value(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+#: Hermes' markers, which Qwen3-Coder and GLM write too; the registry also
+#: answers for them by name
+TOOL_CALL_START = Special("<tool_call>", "tool_call_start")
+TOOL_CALL_END = Special("</tool_call>", "tool_call_end")
+
 TABLE: tuple[ToolFormat, ...] = (
     # Hermes, Qwen2.5, Qwen3: JSON inside <tool_call> tokens
-    ToolFormat("hermes", call=(Special("tool_call_start", "<tool_call>"), Lit('\n{"name": "'), NAME,
-                               Lit('", "arguments": '), ARGS, Lit("}\n"), Special("tool_call_end", "</tool_call>")),
+    ToolFormat("hermes", call=(TOOL_CALL_START, Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS,
+                               Lit("}\n"), TOOL_CALL_END),
                sep=(Lit("\n"),)),
     # Qwen3-Coder: XML-like functions and parameters inside <tool_call> tokens
-    ToolFormat("qwen3_coder", call=(Special("tool_call_start", "<tool_call>"), Lit("\n<function="), NAME, Lit(">\n"),
-                                    ARGS, Lit("</function>\n"), Special("tool_call_end", "</tool_call>")),
+    ToolFormat("qwen3_coder", call=(TOOL_CALL_START, Lit("\n<function="), NAME, Lit(">\n"),
+                                    ARGS, Lit("</function>\n"), TOOL_CALL_END),
                sep=(Lit("\n"),),
                args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">\n"),),
                             value_close=(Lit("\n</parameter>\n"),))),
     # Mistral Nemo (v3 tokenizer): a JSON list after [TOOL_CALLS]
-    ToolFormat("mistral_list", open=(Special("tool_calls_marker", "[TOOL_CALLS]"), Lit("[")),
+    ToolFormat("mistral_list", open=(Special("[TOOL_CALLS]"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
                      CALL_ID, Lit('"}')),
                sep=(Lit(", "),), close=(Lit("]"),)),
     # Mistral Small 3.2 / Devstral (v7+): [TOOL_CALLS]name[ARGS]{...} per call
-    ToolFormat("mistral_args", call=(Special("tool_calls_marker", "[TOOL_CALLS]"), NAME, Special("tool_args_marker", "[ARGS]"),
-                                     ARGS)),
+    ToolFormat("mistral_args", call=(Special("[TOOL_CALLS]"), NAME, Special("[ARGS]"), ARGS)),
     # DeepSeek R1: typed calls with a fenced JSON block
-    ToolFormat("deepseek_r1", open=(Special("tool_calls_begin", "<｜tool▁calls▁begin｜>"),),
-               call=(Special("tool_call_begin", "<｜tool▁call▁begin｜>"), Lit("function"), Special("tool_sep", "<｜tool▁sep｜>"), NAME,
-                     Lit("\n```json\n"), ARGS, Lit("\n```"), Special("tool_call_end_ds", "<｜tool▁call▁end｜>")),
-               sep=(Lit("\n"),), close=(Special("tool_calls_end", "<｜tool▁calls▁end｜>"),)),
+    ToolFormat("deepseek_r1", open=(Special("<｜tool▁calls▁begin｜>"),),
+               call=(Special("<｜tool▁call▁begin｜>"), Lit("function"), Special("<｜tool▁sep｜>"), NAME,
+                     Lit("\n```json\n"), ARGS, Lit("\n```"), Special("<｜tool▁call▁end｜>")),
+               sep=(Lit("\n"),), close=(Special("<｜tool▁calls▁end｜>"),)),
     # DeepSeek V3.1: name<sep>arguments
-    ToolFormat("deepseek_v3", open=(Special("tool_calls_begin", "<｜tool▁calls▁begin｜>"),),
-               call=(Special("tool_call_begin", "<｜tool▁call▁begin｜>"), NAME, Special("tool_sep", "<｜tool▁sep｜>"), ARGS,
-                     Special("tool_call_end_ds", "<｜tool▁call▁end｜>")),
-               close=(Special("tool_calls_end", "<｜tool▁calls▁end｜>"),)),
+    ToolFormat("deepseek_v3", open=(Special("<｜tool▁calls▁begin｜>"),),
+               call=(Special("<｜tool▁call▁begin｜>"), NAME, Special("<｜tool▁sep｜>"), ARGS, Special("<｜tool▁call▁end｜>")),
+               close=(Special("<｜tool▁calls▁end｜>"),)),
     # NVIDIA Nemotron (Llama 3.3 Super v1.5, Nano 2): a JSON list in <TOOLCALL> markers
-    ToolFormat("nemotron", open=(Special("toolcall_list_start", "<TOOLCALL>"), Lit("[")),
+    ToolFormat("nemotron", open=(Special("<TOOLCALL>"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
-               sep=(Lit(", "),), close=(Lit("]"), Special("toolcall_list_end", "</TOOLCALL>"))),
+               sep=(Lit(", "),), close=(Lit("]"), Special("</TOOLCALL>"))),
     # Liquid LFM2 (llama.cpp's JSON edit): a JSON list with ids, calls before the content
-    ToolFormat("lfm2", open=(Special("tool_call_list_start", "<|tool_call_start|>"), Lit("[")),
+    ToolFormat("lfm2", open=(Special("<|tool_call_start|>"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
                      CALL_ID, Lit('"}')),
-               sep=(Lit(", "),), close=(Lit("]"), Special("tool_call_list_end", "<|tool_call_end|>"))),
+               sep=(Lit(", "),), close=(Lit("]"), Special("<|tool_call_end|>"))),
     # Phi-4-mini (llama.cpp's edit): the function object as JSON in <|tool_call|> markers
-    ToolFormat("phi4_mini", call=(Special("tool_call_marker", "<|tool_call|>"), Lit('{"name": "'), NAME,
+    ToolFormat("phi4_mini", call=(Special("<|tool_call|>"), Lit('{"name": "'), NAME,
                                   Lit('", "arguments": '), ARGS, Lit("}"),
-                                  Special("tool_call_marker_end", "<|/tool_call|>"))),
+                                  Special("<|/tool_call|>"))),
     # MiniMax-M1: one JSON call per line in <tool_calls> (text markers)
-    ToolFormat("minimax_m1", open=(Special("tool_calls_block_start", "<tool_calls>"), Lit("\n")),
+    ToolFormat("minimax_m1", open=(Special("<tool_calls>"), Lit("\n")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}\n")),
-               close=(Special("tool_calls_block_end", "</tool_calls>"),)),
+               close=(Special("</tool_calls>"),)),
     # GLM-4.6: <tool_call>NAME, then <arg_key>/<arg_value> pairs, one per line
-    ToolFormat("glm4.6", call=(Special("tool_call_start", "<tool_call>"), NAME, Lit("\n"), ARGS,
-                               Special("tool_call_end", "</tool_call>")),
+    ToolFormat("glm4.6", call=(TOOL_CALL_START, NAME, Lit("\n"), ARGS, TOOL_CALL_END),
                sep=(Lit("\n"),),
-               args=XmlArgs(key_open=(Special("arg_key_start", "<arg_key>"),),
-                            key_close=(Special("arg_key_end", "</arg_key>"), Lit("\n"),
-                                       Special("arg_value_start", "<arg_value>")),
-                            value_close=(Special("arg_value_end", "</arg_value>"), Lit("\n")))),
+               args=XmlArgs(key_open=(Special("<arg_key>"),),
+                            key_close=(Special("</arg_key>"), Lit("\n"), Special("<arg_value>")),
+                            value_close=(Special("</arg_value>"), Lit("\n")))),
     # GLM-4.5 (llama.cpp's edit): as GLM-4.6 with no newline after the name or a value
-    ToolFormat("glm4.5", call=(Special("tool_call_start", "<tool_call>"), NAME, ARGS,
-                               Special("tool_call_end", "</tool_call>")),
+    ToolFormat("glm4.5", call=(TOOL_CALL_START, NAME, ARGS, TOOL_CALL_END),
                sep=(Lit("\n"),),
-               args=XmlArgs(key_open=(Special("arg_key_start", "<arg_key>"),),
-                            key_close=(Special("arg_key_end", "</arg_key>"), Lit("\n"),
-                                       Special("arg_value_start", "<arg_value>")),
-                            value_close=(Special("arg_value_end", "</arg_value>"),))),
+               args=XmlArgs(key_open=(Special("<arg_key>"),),
+                            key_close=(Special("</arg_key>"), Lit("\n"), Special("<arg_value>")),
+                            value_close=(Special("</arg_value>"),))),
     # MiniMax-M2: <invoke name=…> with <parameter name=…> elements
-    ToolFormat("minimax_m2", open=(Special("minimax_tool_call_start", "<minimax:tool_call>"), Lit("\n")),
+    ToolFormat("minimax_m2", open=(Special("<minimax:tool_call>"), Lit("\n")),
                call=(Lit('<invoke name="'), NAME, Lit('">\n'), ARGS, Lit("</invoke>\n")),
-               close=(Special("minimax_tool_call_end", "</minimax:tool_call>"),),
+               close=(Special("</minimax:tool_call>"),),
                args=XmlArgs(key_open=(Lit('<parameter name="'),), key_close=(Lit('">'),),
                             value_close=(Lit("</parameter>\n"),))),
     # ByteDance Seed-OSS: Qwen3-Coder-like functions in <seed:tool_call>, values unpadded
-    ToolFormat("seed_oss", call=(Special("seed_tool_call_start", "<seed:tool_call>"), Lit("\n<function="), NAME,
+    ToolFormat("seed_oss", call=(Special("<seed:tool_call>"), Lit("\n<function="), NAME,
                                  Lit(">\n"), ARGS, Lit("</function>\n"),
-                                 Special("seed_tool_call_end", "</seed:tool_call>")),
+                                 Special("</seed:tool_call>")),
                sep=(Lit("\n"),),
                args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">"),),
                             value_close=(Lit("</parameter>\n"),))),
@@ -249,41 +255,40 @@ TABLE: tuple[ToolFormat, ...] = (
                             key_close=(Lit('" string="'), IS_STRING, Lit('">')),
                             value_close=(Lit("</｜DSML｜parameter>\n"),))),
     # Kimi K2 (Thinking): a section of calls, each id "functions.NAME:IDX"
-    ToolFormat("kimi_k2", open=(Special("tool_calls_section_begin", "<|tool_calls_section_begin|>"),),
-               call=(Special("kimi_tool_call_begin", "<|tool_call_begin|>"), Lit("functions."), NAME, Lit(":"),
-                     INDEX, Special("kimi_tool_args_begin", "<|tool_call_argument_begin|>"), ARGS,
-                     Special("tool_call_list_end", "<|tool_call_end|>")),
-               close=(Special("tool_calls_section_end", "<|tool_calls_section_end|>"),),
+    ToolFormat("kimi_k2", open=(Special("<|tool_calls_section_begin|>"),),
+               call=(Special("<|tool_call_begin|>"), Lit("functions."), NAME, Lit(":"), INDEX,
+                     Special("<|tool_call_argument_begin|>"), ARGS, Special("<|tool_call_end|>")),
+               close=(Special("<|tool_calls_section_end|>"),),
                id_template="functions.{name}:{index}"),
     # InternLM2: <|action_start|><|plugin|> and the function object as JSON
-    ToolFormat("internlm2", call=(Special("action_start", "<|action_start|>"), Special("plugin", "<|plugin|>"),
+    ToolFormat("internlm2", call=(Special("<|action_start|>"), Special("<|plugin|>"),
                                   Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}"),
-                                  Special("action_end", "<|action_end|>"))),
+                                  Special("<|action_end|>"))),
     # IBM Granite 3: one "<|tool_call|> {…}" line per call
-    ToolFormat("granite", call=(Special("tool_call_marker", "<|tool_call|>"), Lit(' {"name": "'), NAME,
+    ToolFormat("granite", call=(Special("<|tool_call|>"), Lit(' {"name": "'), NAME,
                                 Lit('", "arguments": '), ARGS, Lit("}\n"))),
     # Cohere Command R7B: an indented JSON list of actions with running indices
-    ToolFormat("command_r7b", open=(Special("action_list_start", "<|START_ACTION|>"), Lit("[\n    ")),
+    ToolFormat("command_r7b", open=(Special("<|START_ACTION|>"), Lit("[\n    ")),
                call=(Lit('{"tool_call_id": "'), INDEX, Lit('", "tool_name": "'), NAME,
                      Lit('", "parameters": '), ARGS, Lit("}")),
-               sep=(Lit(",\n    "),), close=(Lit("\n]"), Special("action_list_end", "<|END_ACTION|>"))),
+               sep=(Lit(",\n    "),), close=(Lit("\n]"), Special("<|END_ACTION|>"))),
     # Mistral 7B v0.3 (vLLM's parallel template): a space after [TOOL_CALLS]
-    ToolFormat("mistral_list_space", open=(Special("tool_calls_marker", "[TOOL_CALLS]"), Lit(" [")),
+    ToolFormat("mistral_list_space", open=(Special("[TOOL_CALLS]"), Lit(" [")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),
                      CALL_ID, Lit('"}')),
                sep=(Lit(", "),), close=(Lit("]"),)),
     # Hunyuan-A13B, Apriel: a JSON list in <tool_calls> (text markers)
-    ToolFormat("tool_calls_list", open=(Special("tool_calls_block_start", "<tool_calls>"), Lit("[")),
+    ToolFormat("tool_calls_list", open=(Special("<tool_calls>"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
-               sep=(Lit(", "),), close=(Lit("]"), Special("tool_calls_block_end", "</tool_calls>"))),
+               sep=(Lit(", "),), close=(Lit("]"), Special("</tool_calls>"))),
     # Salesforce xLAM: the message is a bare JSON list of calls
     ToolFormat("xlam", open=(Lit('[{"name": "'),),
                call=(NAME, Lit('", "arguments": '), ARGS, Lit("}")),
                sep=(Lit(', {"name": "'),), close=(Lit("]"),)),
     # Liquid LFM2.5: a Python list of calls, strings in single quotes
-    ToolFormat("pythonic_lfm", open=(Special("tool_call_list_start", "<|tool_call_start|>"), Lit("[")),
+    ToolFormat("pythonic_lfm", open=(Special("<|tool_call_start|>"), Lit("[")),
                call=(NAME, Lit("("), ARGS, Lit(")")), sep=(Lit(", "),),
-               close=(Lit("]"), Special("tool_call_list_end", "<|tool_call_end|>")), args=PyArgs("'")),
+               close=(Lit("]"), Special("<|tool_call_end|>")), args=PyArgs("'")),
     # Llama 4 (vLLM's pythonic template): a Python list of calls, every value in double quotes
     ToolFormat("pythonic_quoted", open=(Lit("["),), call=(NAME, Lit("("), ARGS, Lit(")")), sep=(Lit(", "),),
                close=(Lit("]"),), args=PyArgs('"', quote_all=True)),
@@ -294,6 +299,17 @@ TABLE: tuple[ToolFormat, ...] = (
     ToolFormat("json_objects", call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}")),
                sep=(Lit(","),)),
 )
+
+
+def specials(fmt: ToolFormat) -> tuple[Special, ...]:
+    """The markers a format writes, its arguments' included."""
+    args = (*fmt.args.key_open, *fmt.args.key_close, *fmt.args.value_close) if isinstance(fmt.args, XmlArgs) else ()
+    return tuple(p for p in (*fmt.open, *fmt.call, *fmt.sep, *fmt.close, *args) if isinstance(p, Special))
+
+
+#: Every marker the table writes, once: the registry's tool rows
+#: (special_tokens.tool_marker_rows).
+MARKERS: tuple[Special, ...] = tuple(dict.fromkeys(p for fmt in TABLE for p in specials(fmt)))
 
 #: For templates and tokenizers with no tool support: the envelope is plain
 #: text, tools are described in a system message and past calls are written
