@@ -57,7 +57,7 @@ def _apply(held: dict[int, list[int]], batch: list) -> None:
 
 def test_a_subscriber_rebuilds_the_prefix_cache_and_a_late_one_replays_it(small_llm):
     engine = small_llm.engine
-    engine.scheduler.record_cache_events()
+    engine.record_cache_events()
     pub_at, replay_at = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     publisher = KvEventPublisher(pub_at, replay_at, BLOCK)
     ctx = zmq.Context()
@@ -71,7 +71,7 @@ def test_a_subscriber_rebuilds_the_prefix_cache_and_a_late_one_replays_it(small_
         params = SamplingParams(temperature=0, max_tokens=8)
         for prompt in prompts:   # one by one: each evicts what the last left
             small_llm.generate(prompt, params, use_tqdm=False)
-            publisher.publish(engine.scheduler.take_cache_events())
+            publisher.publish(engine.take_cache_events())
         deadline = time.time() + 5
         while publisher.published == 0 or publisher._queue.qsize():
             assert time.time() < deadline

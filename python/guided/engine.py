@@ -353,3 +353,16 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, **self.scheduler.stats()}
+
+    # -- the prefix cache's changes (for a cache-aware router) ---------------
+
+    def record_cache_events(self) -> None:
+        """Keep what enters and leaves the prefix cache from now on, for take_cache_events()."""
+        self.scheduler.record_cache_events()
+
+    def take_cache_events(self) -> list[tuple[bool, int, int | None, list[int]]]:
+        """The prefix cache's changes since the last call, oldest first (once
+        record_cache_events() was called): per full block stored ``(True,
+        hash, parent hash or None, token ids)``, per block evicted ``(False,
+        hash, None, [])``."""
+        return self.scheduler.take_cache_events()

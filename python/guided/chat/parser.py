@@ -7,6 +7,10 @@ sum of all deltas. Control tokens never become text. Inside a calls block
 the text is parsed against the format's parts (tool_formats.py) by
 calls.py; a block that does not parse (only possible without the tool
 grammar) is returned as content rather than lost.
+
+What the APIs read besides the deltas are the properties ``called_tools``
+(whether tools were called), ``whole_calls`` (which calls are whole) and
+``reasoning_tokens``; the rest of the parser's state is its own.
 """
 from __future__ import annotations
 
@@ -65,14 +69,14 @@ class ChatParser:
         self.layout = reasoning                      # (open, close, after) whitespace
         self.mode = "reasoning" if reasoning_state == "open" else "content"
         self.after_reasoning = reasoning_state is not None
-        self.reasoning = IncrementalDetokenizer(tokenizer)
-        self.content = IncrementalDetokenizer(tokenizer)
+        self._reasoning_detok = IncrementalDetokenizer(tokenizer)
+        self._content_detok = IncrementalDetokenizer(tokenizer)
         self.region: list[int] = []                  # tokens of the calls block
         self.region_prefix = ""                      # its text before them (text triggers)
         self.sent_reasoning = self.sent_content = 0  # characters already emitted
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
-        self.call_ids: list[str] = []
-        self.done_calls: set[int] = set()
+        self._call_ids: list[str] = []
+        self._done_calls: set[int] = set()
         self._id_prefix = uuid.uuid4().hex[:16]
         self.broken = False                          # the calls block did not parse
         self.finished = False
@@ -102,19 +106,38 @@ class ChatParser:
     def finish_reason(self, out: RequestOutput) -> str:
         """OpenAI's finish_reason for the message that ended as ``out``:
         "tool_calls" when it stopped after calling tools."""
-        return "tool_calls" if out.finish_reason == "stop" and self.call_ids else out.finish_reason
+        return "tool_calls" if out.finish_reason == "stop" and self.called_tools else out.finish_reason
 
     def result(self, out: RequestOutput) -> ChatResponse:
         """The whole message that ended as ``out`` (its tokens already
         pushed): the sum of every delta, streamed or not."""
         self.finish()
         calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                 for i, (cid, (name, args)) in enumerate(zip(self.call_ids, self._calls))
-                 if i in self.done_calls]  # a call cut by max_tokens is not a call
+                 for i, (cid, (name, args)) in enumerate(zip(self._call_ids, self._calls))
+                 if i in self._done_calls]  # a call cut by max_tokens is not a call
         return ChatResponse(content="".join(self._content) or None,
                             finish_reason=self.finish_reason(out),
                             reasoning_content="".join(self._reasoning) or None, tool_calls=calls,
                             output=out)
+
+    # -- what the message holds so far (read by the APIs) ----------------
+
+    @property
+    def called_tools(self) -> bool:
+        """Whether the message has called a tool: a call's id and name were
+        emitted (whole or not)."""
+        return bool(self._call_ids)
+
+    @property
+    def whole_calls(self) -> frozenset[int]:
+        """The indexes of the tool calls whose arguments are whole; a call
+        cut by the budget stays out (it is not a call)."""
+        return frozenset(self._done_calls)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The tokens of the reasoning block's text so far (usage's reasoning_tokens)."""
+        return len(self._reasoning_detok.ids)
 
     def _record(self, deltas: list[ChatDelta]) -> list[ChatDelta]:
         for d in deltas:
@@ -138,14 +161,14 @@ class ChatParser:
             if t == s.id("reasoning_end"):
                 self.mode, self.after_reasoning = "content", True
             elif t not in s.control_ids:
-                self.reasoning.push(t)
-        elif t == s.id("reasoning_start") and not self.content.ids and self.layout is not None:
+                self._reasoning_detok.push(t)
+        elif t == s.id("reasoning_start") and not self._content_detok.ids and self.layout is not None:
             self.mode = "reasoning"
         elif self.tools is not None and self._is_trigger(t):
             self.mode = "calls"
             self.region.append(t)
         elif t not in s.control_ids:
-            self.content.push(t)
+            self._content_detok.push(t)
             self._split_text_trigger()
 
     def _is_trigger(self, t: int) -> bool:
@@ -164,14 +187,14 @@ class ChatParser:
         trigger = self._text_trigger()
         if trigger is None:
             return
-        text = self.content.text
+        text = self._content_detok.text
         at = 0 if text.startswith(trigger) else -1
         if self.tools.content_sep is not None:
             at = text.find(trigger)
         if at < 0:
             return
         self.region_prefix = text[at:]
-        self.content.text = text[:at]
+        self._content_detok.text = text[:at]
         self.mode = "calls"
 
     # -- text out -------------------------------------------------------
@@ -192,13 +215,13 @@ class ChatParser:
         return "".join(out)
 
     def _visible_reasoning(self) -> str:
-        text = self.reasoning.text
+        text = self._reasoning_detok.text
         if self.layout is not None:
             text = text.lstrip("\n")
         return text.rstrip("\n")
 
     def _visible_content(self, final: bool, calls: list[ParsedCall]) -> str:
-        text = self.content.text
+        text = self._content_detok.text
         if self.after_reasoning:
             text = text.lstrip("\n")
         hits = [i for s in self.stop if (i := text.find(s)) >= 0]
@@ -246,12 +269,12 @@ class ChatParser:
             if fmt.id_template is not None and call.call_id is None:
                 call.call_id = fmt.id_template.format(name=call.name, index=call.index)
             if i == len(self.sent_calls):
-                self.call_ids.append(call.call_id or self.tools.new_call_id(self._id_prefix, i))
+                self._call_ids.append(call.call_id or self.tools.new_call_id(self._id_prefix, i))
                 self.sent_calls.append((True, 0))
-                out.append(ChatDelta(tool_calls=[{"index": i, "id": self.call_ids[i], "type": "function",
+                out.append(ChatDelta(tool_calls=[{"index": i, "id": self._call_ids[i], "type": "function",
                                                   "function": {"name": call.name, "arguments": ""}}]))
             if call.done:
-                self.done_calls.add(i)
+                self._done_calls.add(i)
             elif not isinstance(self.tools.format.args, JsonArgs):
                 break  # XML arguments become JSON only once the call is whole
             sent = self.sent_calls[i][1]

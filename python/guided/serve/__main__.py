@@ -121,13 +121,12 @@ def main(argv=None) -> None:
                              f"(pip install 'guided[fleet]'; make test installs them): {e}") from e
         kv_events = KvEventPublisher(args.kv_events_endpoint, args.kv_events_replay_endpoint,
                                      llm.engine.config.block_size)
+    # close_llm: the app's shutdown stops the tensor-parallel ranks after the engine thread
+    # (uvicorn re-raises SIGTERM once it has shut down, so nothing after run() would get to it)
     app = create_app(llm, names, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar,
-                     policy=policy, max_queue=args.max_queue, kv_events=kv_events)
+                     policy=policy, max_queue=args.max_queue, kv_events=kv_events, close_llm=True)
     logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", ", ".join(names),
                                            args.host, args.port)
-    # after the engine thread stops: the tensor-parallel ranks (uvicorn re-raises SIGTERM
-    # once it has shut down, so nothing after run() would get to it)
-    app.router.on_shutdown.append(llm.close)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

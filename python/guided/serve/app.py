@@ -5,6 +5,7 @@
 /health and /metrics."""
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -67,16 +68,31 @@ class KeyAndCount:
 
 def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None,
                enable_tool_grammar: bool = False, policy: ConstraintPolicy | None = None,
-               max_queue: int = DEFAULT_MAX_QUEUE, kv_events=None) -> FastAPI:
+               max_queue: int = DEFAULT_MAX_QUEUE, kv_events=None,
+               close_llm: bool = False) -> FastAPI:
     """``model_name``: the id(s) clients may send; ``enable_tool_grammar``:
     enforce the tool-call grammar for tool_choice="auto" too (DESIGN rule 8;
     "required" and a named tool are always enforced); ``policy``: which
     client constraints are allowed and their limits; ``max_queue``: requests'
     sequences that may wait beyond the running ones before a 503;
     ``kv_events``: a ``kv_events.KvEventPublisher`` for the prefix cache's
-    changes (closed with the app)."""
-    app = FastAPI(title="guided")
+    changes (closed with the app); ``close_llm``: the app's shutdown also
+    closes ``llm`` (its tensor-parallel ranks), once the engine thread has
+    stopped."""
     engine = AsyncEngine(llm.engine, kv_events)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        try:
+            yield
+        finally:
+            engine.shutdown()
+            if kv_events is not None:
+                kv_events.close()
+            if close_llm:
+                llm.close()
+
+    app = FastAPI(title="guided", lifespan=lifespan)
     group = llm.loaded.tensor_group
     metrics = Metrics(lambda: engine.stats, group.rank_stats if group is not None else None)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
@@ -87,12 +103,6 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     install_handlers(app)
 
     app.add_middleware(KeyAndCount, api_key=api_key, metrics=metrics)
-
-    @app.on_event("shutdown")
-    def stop_engine() -> None:
-        engine.shutdown()
-        if kv_events is not None:
-            kv_events.close()
 
     @app.get("/health")
     async def health():

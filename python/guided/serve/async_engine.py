@@ -43,7 +43,7 @@ class AsyncEngine:
         self.engine = engine
         self.kv_events = kv_events
         if kv_events is not None:
-            engine.scheduler.record_cache_events()
+            engine.record_cache_events()
         self.stats: dict[str, int] = engine.stats()  # snapshot taken by the engine thread
         self._inbox: queue.SimpleQueue[_Submission | int] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -96,7 +96,7 @@ class AsyncEngine:
                 updates = self.engine.fail_all(f"{FAILED_STEP}: {exc}")
             self.stats = self.engine.stats()
             if self.kv_events is not None:
-                self.kv_events.publish(self.engine.scheduler.take_cache_events())
+                self.kv_events.publish(self.engine.take_cache_events())
             for update in updates:
                 self._deliver(update)
 

@@ -263,7 +263,7 @@ def _stop(out: RequestOutput, chat: ChatRun) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence)."""
     if out.finish_reason == "length":
         return "max_tokens", None
-    if chat.parsers[0].call_ids:
+    if chat.parsers[0].called_tools:
         return "tool_use", None
     reason = out.outputs[0].stop_reason
     if isinstance(reason, str):
@@ -300,7 +300,7 @@ async def create_message(s: ServerState, body: MessagesRequest, disconnected=Non
         blocks.feed(chat.whole(0, out))
         blocks.end()
         content = [_block(b, done=True) for b in blocks.blocks
-                   if b.kind != "call" or b.call in parser.done_calls]
+                   if b.kind != "call" or b.call in parser.whole_calls]
         stop_reason, stop_sequence = _stop(out, chat)
         return {**head, "content": content, "stop_reason": stop_reason,
                 "stop_sequence": stop_sequence, "usage": _usage(chat, out)}

@@ -277,10 +277,12 @@ class _Items:
         self.ids: dict[int, str] = {}
         self.items: list[dict] = []
 
-    def events(self, events: list[Event], done_calls: set[int]) -> list[dict]:
+    def events(self, events: list[Event], whole_calls: frozenset[int]) -> list[dict]:
+        """The API's events for the blocks' ``events``; ``whole_calls``: the
+        calls whose arguments are whole (ChatParser.whole_calls)."""
         out = []
         for e in events:
-            out += getattr(self, "_" + e.what)(e, done_calls)
+            out += getattr(self, "_" + e.what)(e, whole_calls)
         return out
 
     def _start(self, e: Event, _done) -> list[dict]:
@@ -305,9 +307,9 @@ class _Items:
         return [{"type": f"response.{kind}.delta", **head, "content_index": 0, "delta": e.delta,
                  **extra}]
 
-    def _stop(self, e: Event, done_calls: set[int]) -> list[dict]:
+    def _stop(self, e: Event, whole_calls: frozenset[int]) -> list[dict]:
         b = e.block
-        status = "completed" if b.kind != "call" or b.call in done_calls else "incomplete"
+        status = "completed" if b.kind != "call" or b.call in whole_calls else "incomplete"
         item = self.items[b.index] = self._item(b, status)
         head = {"item_id": item["id"], "output_index": b.index}
         events = []
@@ -382,7 +384,7 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
         r["usage"] = {"input_tokens": prompt,
                       "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                       "output_tokens": completion,
-                      "output_tokens_details": {"reasoning_tokens": len(chat.parsers[0].reasoning.ids)},
+                      "output_tokens_details": {"reasoning_tokens": chat.parsers[0].reasoning_tokens},
                       "total_tokens": prompt + completion}
         r["completed_at"] = time.time()
         if out.finish_reason == "error":
@@ -400,7 +402,7 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
 
     def whole(outs) -> dict:
         deltas = chat.whole(0, outs[0])
-        items.events(items.blocks.feed(deltas) + items.blocks.end(), chat.parsers[0].done_calls)
+        items.events(items.blocks.feed(deltas) + items.blocks.end(), chat.parsers[0].whole_calls)
         return response(outs[0])
 
     async def events():
@@ -415,7 +417,7 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
         yield numbered({"type": "response.in_progress", "response": response(None)})
         async for _, u, deltas in chat.deltas():
             block_events = items.blocks.feed(deltas) + (items.blocks.end() if u.finished else [])
-            for event in items.events(block_events, chat.parsers[0].done_calls):
+            for event in items.events(block_events, chat.parsers[0].whole_calls):
                 yield numbered(event)
             if u.finished:
                 final = response(u.finished)
