@@ -91,11 +91,11 @@ bench-report: test-setup
 	$(PY) benches/report.py --out bench-report
 
 # On a machine with an NVIDIA GPU: the CUDA kernels against their CPU
-# references and torch (tests/test_cuda_kernels.py, whose GPU tests skip
+# references and torch (tests/model/test_cuda_kernels.py, whose GPU tests skip
 # elsewhere), then their benchmarks; results in $$OUT (or bench-report/).
 gpu-check: test-setup
 	@mkdir -p $${OUT:-bench-report}
-	$(PY) -m pytest -q -rs tests/test_cuda_kernels.py --junitxml=$${OUT:-bench-report}/cuda-tests.xml
+	$(PY) -m pytest -q -rs tests/model/test_cuda_kernels.py --junitxml=$${OUT:-bench-report}/cuda-tests.xml
 	$(PY) benches/bench_cuda.py --json $${OUT:-bench-report}/cuda.json
 
 # The kit for a lent GPU machine, which has no cargo and no network:

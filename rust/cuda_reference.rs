@@ -1,6 +1,6 @@
 //! The algorithms of the CUDA kernels in `cuda/`, on the CPU, pass for pass:
 //! the decode attention over the paged KV cache and the mask-fused sampler.
-//! They are tested against torch (tests/test_cuda_kernels.py) so the
+//! They are tested against torch (tests/model/test_cuda_kernels.py) so the
 //! algorithm is checked where no GPU is; on a GPU the kernels are checked
 //! against these and against torch. The argument checks here are the
 //! launchers' too (rust/cuda.rs): one place says what a valid call is.

@@ -15,6 +15,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 { nvidia-smi; python3 -c "import torch, guided._native as n; print(torch.__version__, n.cuda_status(), n.cuda_kernel_files())"; } \
     2>&1 | tee "$out/device.txt"
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_kernels.py --junitxml="$out/cuda-tests.xml" 2>&1 \
+python3 -m pytest -q -rs -p no:cacheprovider tests/model/test_cuda_kernels.py --junitxml="$out/cuda-tests.xml" 2>&1 \
     | tee "$out/cuda-tests.txt"
 python3 benches/bench_cuda.py --json "$out/cuda.json" 2>&1 | tee "$out/cuda-bench.txt"

@@ -1,7 +1,7 @@
 """Every template in ../shared/chat-templates as a chat format with no
 weights: the default tokenizer with the template's markers added as special
 tokens (as each model's own tokenizer has them), and a grammar compiler over
-that vocabulary. What the template matrix (tests/test_chat_templates.py) runs on.
+that vocabulary. What the template matrix (tests/chat/test_chat_templates.py) runs on.
 """
 from __future__ import annotations
 

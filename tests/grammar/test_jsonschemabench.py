@@ -17,7 +17,7 @@ import pytest
 from helpers import SHARED
 
 DATA = SHARED / "jsonschemabench" / "data"
-BENCH = Path(__file__).resolve().parents[1] / "benches" / "jsonschemabench.py"
+BENCH = Path(__file__).resolve().parents[2] / "benches" / "jsonschemabench.py"
 SAMPLE = 60
 # Real schemas only our grammar writer passes (llguidance's compiler alone refuses them or
 # rejects their valid instances): keys in another order than the schema's (docker compose,

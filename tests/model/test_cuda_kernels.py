@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from guided import _native
 from guided.model import cuda_ops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU, WHY_NOT = cuda_ops.status()
 needs_gpu = pytest.mark.skipif(not (GPU and torch.cuda.is_available()),
                                reason=f"no GPU here: {WHY_NOT or 'torch sees no CUDA device'}")
