@@ -5,34 +5,24 @@ validates; on_length="cut" keeps the cut text; a schema whose shortest
 instance does not fit fails with a message."""
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
+from itertools import islice
 
 import pytest
 
 from guided import SamplingParams
 from guided.grammar import closes_on_length
+from helpers.prompts import chat
+from helpers.structured import BENCH_DATA, bench_schemas, obj, parses, validator
 
 jsonschema = pytest.importorskip("jsonschema")
 
-BENCH_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "jsonschemabench" / "data"
 BENCH_SAMPLE = 19
 #: Output tokens allowed beyond the schema's shortest instance: tight enough
 #: that most outputs reach the budget.
 SLACK = 8
 
-
-def chat(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
 PROMPT = chat("Describe a person in detail as JSON.")
-
-
-def obj(props: dict, required=None, **kw) -> dict:
-    return {"type": "object", "properties": props,
-            "required": list(props) if required is None else required, **kw}
 
 
 # Shapes where a cut lands mid-structure: long free strings, nesting, arrays
@@ -62,23 +52,9 @@ OWN = {
 def _bench_sample(tokens_of) -> dict[str, dict]:
     """Small JSONSchemaBench schemas (spread by name hash) that compile and
     whose shortest instance is short enough to keep the test quick."""
-    files = sorted(BENCH_DATA.glob("*.json"), key=lambda p: hashlib.sha256(p.name.encode()).hexdigest())
-    out = {}
-    for f in files:
-        doc = json.loads(f.read_text())
-        if doc.get("meta", {}).get("full_size", 10**9) > 1500 or not isinstance(doc.get("schema"), dict):
-            continue
-        n = tokens_of(doc["schema"])
-        if n is not None and n <= 32:
-            out[f"bench:{f.stem}"] = doc["schema"]
-        if len(out) == BENCH_SAMPLE:
-            break
-    return out
-
-
-def _validator(schema: dict):
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    short = ((f"bench:{name}", schema) for name, schema in bench_schemas(1500)
+             if (n := tokens_of(schema)) is not None and n <= 32)
+    return dict(islice(short, BENCH_SAMPLE))
 
 
 def _shortest(llm, schema) -> int | None:
@@ -124,7 +100,7 @@ def test_outputs_at_the_budget_are_complete_and_valid(llm, suite, temperature):
     bad = []
     for name, out in closed.items():
         try:
-            _validator(schemas[name]).validate(json.loads(out.text))
+            validator(schemas[name]).validate(json.loads(out.text))
         except Exception as exc:  # noqa: BLE001
             bad.append(f"{name}: {out.finish_reason} {out.error} {out.text[:300]!r}: {exc}"[:600])
             continue
@@ -138,14 +114,6 @@ def test_outputs_at_the_budget_are_complete_and_valid(llm, suite, temperature):
     assert len(ended) * 2 >= len(schemas), (len(ended), len(schemas))
 
 
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        return False
-
-
 def test_cut_is_the_text_as_it_stood(llm):
     """on_length="cut": the first max_tokens tokens of the longer output."""
     schema = OWN["long_strings"]
@@ -154,11 +122,11 @@ def test_cut_is_the_text_as_it_stood(llm):
         SamplingParams(max_tokens=20, structured_outputs={"json": schema, "on_length": "cut"})])
     assert short.finish_reason == "length" and len(short.token_ids) == 20
     assert short.token_ids == long.token_ids[:20]
-    assert not _parses(short.text)
+    assert not parses(short.text)
     closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
     assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
     value = json.loads(closed.text)
-    _validator(schema).validate(value)
+    validator(schema).validate(value)
     assert {"name", "bio"} <= set(value)
     # Greedy: the same tokens until the closing took over.
     same = next(i for i, (a, b) in enumerate(zip(closed.token_ids + [-1], short.token_ids)) if a != b)
@@ -196,11 +164,11 @@ def test_chat_response_format_closes_unless_cut(llm):
                  sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
     assert r.finish_reason == "length"
     value = json.loads(r.content)
-    _validator(schema).validate(value)
+    validator(schema).validate(value)
     assert {"name", "bio"} <= set(value)
     r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
                  sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
-    assert r.finish_reason == "length" and not _parses(r.content)
+    assert r.finish_reason == "length" and not parses(r.content)
 
 
 def test_closing_is_the_default_for_json_only():

@@ -11,11 +11,10 @@ import json
 import re
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-jsonschema = pytest.importorskip("jsonschema")
+from helpers.structured import validator
 
 #: Patterns and formats as tools and schemas people write use them.
 PATTERNS = [r"^[A-Z]{3}$", r"^[a-z]+@[a-z]+\.com$", r"^\d{3}-\d{4}$", r"^[a-z0-9_]{3,16}$",
@@ -109,11 +108,6 @@ def _close(llm, grammar, data) -> tuple[str, list[int] | None]:
     return llm.engine.tokenizer.decode(taken + rest), rest
 
 
-def _validator(schema: dict):
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
 SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.function_scoped_fixture], deadline=None)
 
@@ -128,7 +122,7 @@ def test_a_json_schema_closes_from_any_point(llm, schema, ref, data):
         return
     text, rest = _close(llm, grammar, data)
     assert rest is not None, f"no completion after {text!r} for {json.dumps(schema)}"
-    _validator(schema).validate(json.loads(text))
+    validator(schema).validate(json.loads(text))
 
 
 #: (`[0-9]`, not `\d`: which characters are Unicode digits depends on the

@@ -15,16 +15,11 @@ import torch
 
 from guided.model import AttentionMetadata, ModelNotFoundError, allocate_kv_cache, load_model
 from guided.model.gguf_file import GGUFFile
+from helpers.prompts import PROMPTS
 
 transformers = pytest.importorskip("transformers")
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
-
-PROMPTS = [
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n",
-    "Once upon a time, in a small village by the sea,",
-]
 
 
 # ---------------------------------------------------------------- a minimal paged-cache driver

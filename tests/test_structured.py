@@ -3,18 +3,16 @@ choice and Lark grammars, batching, failures, fast-forward, whitespace and
 seeded sampling under a grammar."""
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from pathlib import Path
+from itertools import islice
 
 import pytest
 
 from guided import SamplingParams
+from helpers.prompts import chat
+from helpers.structured import BENCH_DATA, bench_schemas, obj, validator
 
-jsonschema = pytest.importorskip("jsonschema")
-
-BENCH_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "jsonschemabench" / "data"
 BENCH_SAMPLE = 26
 # Bench schemas whose generated output breaks the schema (bugs to fix, kept
 # out of the suite and checked in test_known_invalidations).
@@ -26,18 +24,9 @@ REJECTED = {
 }
 
 
-def chat(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
 PROMPT = chat("Reply with a short JSON example.")
 
 OBJ = {"type": "object"}
-
-
-def obj(props: dict, required=None, **kw) -> dict:
-    return {"type": "object", "properties": props,
-            "required": list(props) if required is None else required, **kw}
 
 
 # Our own schemas: one or two features each.
@@ -139,23 +128,8 @@ def tighten(schema, in_combinator: bool = False):
 
 def _bench_sample() -> dict[str, dict]:
     """A fixed, small-schema sample of JSONSchemaBench (spread by name hash)."""
-    if not BENCH_DATA.is_dir():
-        return {}
-    files = sorted(BENCH_DATA.glob("*.json"), key=lambda p: hashlib.sha256(p.name.encode()).hexdigest())
-    out = {}
-    for f in files:
-        doc = json.loads(f.read_text())
-        small = doc.get("meta", {}).get("full_size", 10**9) <= 1200
-        if small and isinstance(doc.get("schema"), dict) and f.stem not in REJECTED:
-            out[f.stem] = doc["schema"]
-        if len(out) == BENCH_SAMPLE:
-            break
-    return out
-
-
-def _validator(schema: dict):
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    kept = ((name, schema) for name, schema in bench_schemas(1200) if name not in REJECTED)
+    return dict(islice(kept, BENCH_SAMPLE))
 
 
 def _suite_params(schemas: dict[str, dict], temperature: float) -> list[SamplingParams]:
@@ -200,7 +174,7 @@ def _check_suite(schemas: dict[str, dict], outs) -> dict[str, str]:
             continue
         try:
             value = json.loads(out.text)
-            _validator(schemas[name]).validate(value)
+            validator(schemas[name]).validate(value)
         except Exception as exc:  # noqa: BLE001
             bad.append(f"{name}: {out.finish_reason} {out.error} {out.text[:200]!r}: {exc}"[:500])
     assert not bad, "\n".join(bad)
@@ -227,7 +201,7 @@ def test_rejected_instances_stay_rejected(llm, name):
         pytest.skip(f"{path} not found")
     schema = json.loads(path.read_text())["schema"]
     instance = REJECTED[name]
-    assert not _validator(schema).is_valid(instance)
+    assert not validator(schema).is_valid(instance)
     grammar = llm.compile_grammar({"json": schema})
     enc = llm.tokenizer.encode(json.dumps(instance), parse_special=False)
     assert not _walk(grammar.matcher(), enc), "the grammar accepts an instance the schema rejects"
@@ -353,7 +327,7 @@ def test_whitespace_bias_still_ends_in_valid_json(llm, long_runs):
     for out in outs:
         assert out.finish_reason == "stop", out.text[:300]
         assert len(out.token_ids) < 400, len(out.token_ids)
-        _validator(WHITESPACE_SCHEMA).validate(json.loads(out.text))
+        validator(WHITESPACE_SCHEMA).validate(json.loads(out.text))
     assert outs[0].text != outs[0].text.strip() or "\n" in outs[0].text  # the bias did act
     assert not any(c.isspace() for c in outs[2].text)  # "compact" overrides the default
 

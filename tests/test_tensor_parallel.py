@@ -18,8 +18,7 @@ import pytest
 
 from guided import LLM, SamplingParams
 from guided.processes import free_port
-
-from test_model_parity import PROMPTS
+from helpers.prompts import PROMPTS
 
 # the README's prompts, and the parity prompts
 FREE = ["The capital of France is", "A JSON object:", *PROMPTS]

@@ -1,6 +1,8 @@
 """What the tests share: the peers' data beside the checkout (``SHARED``),
 the chat-family test models (families), a live server (live_server), the
-JSON Schema reference checks (json_schema) and the tool-calling data (tools)."""
+JSON Schema reference checks (json_schema), the tool-calling data (tools),
+the default model's prompts (prompts) and the structured-output suites'
+validator and JSONSchemaBench sample (structured)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from guided.grammar.json_schema import json_schema_grammar
+from helpers.structured import validator
 
 jsonschema = pytest.importorskip("jsonschema")
 llguidance = pytest.importorskip("llguidance")
@@ -16,8 +17,7 @@ SAMPLES = [None, True, False, 0, 1, 2, 5, -3, 2.5, "", "a", "ab", "xyz", [], [1]
 
 
 def valid(schema, instance) -> bool:
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
+    return validator(schema).is_valid(instance)
 
 
 def rewritten_valid(sanitized, instance) -> bool:

@@ -2,6 +2,8 @@
 can match (used to prove two patterns disjoint)."""
 from __future__ import annotations
 
+from typing import Iterator
+
 
 def rx_escape(ch: str) -> str:
     if ch in "\\^$.|?*+()[]{}-":
@@ -66,10 +68,11 @@ def first_chars(pattern: str) -> set[str] | None:
     return _fc(pattern[1:])
 
 
-def top_level_alternatives(rx: str) -> list[str] | None:
-    """rx split at its top-level '|' (outside groups, classes and escapes);
-    None if a character class is never closed."""
-    alts, depth, start, j = [], 0, 0, 0
+def _marks(rx: str) -> Iterator[tuple[int, str]]:
+    """(position, character) of each '(', ')' and '|' in rx outside escapes
+    and character classes, in order; (position, "") for a character class
+    that is never closed, and nothing after it."""
+    j = 0
     while j < len(rx):
         ch = rx[j]
         if ch == "\\":
@@ -78,46 +81,53 @@ def top_level_alternatives(rx: str) -> list[str] | None:
         if ch == "[":
             k = rx.find("]", j + 2)
             if k < 0:
-                return None
+                yield j, ""
+                return
             j = k + 1
             continue
+        if ch in "()|":
+            yield j, ch
+        j += 1
+
+
+def top_level_alternatives(rx: str) -> list[str] | None:
+    """rx split at its top-level '|' (outside groups, classes and escapes);
+    None if a character class is never closed."""
+    alts, depth, start = [], 0, 0
+    for j, ch in _marks(rx):
+        if not ch:
+            return None
         if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
-        elif ch == "|" and depth == 0:
+        elif depth == 0:
             alts.append(rx[start:j])
             start = j + 1
-        j += 1
     alts.append(rx[start:])
     return alts
+
+
+def _group_end(rx: str) -> int | None:
+    """The position of the ')' that closes the group rx starts with; None
+    if it is never closed."""
+    depth = 0
+    for j, ch in _marks(rx):
+        if not ch:
+            return None
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == ")" and depth == 0:
+            return j
+    return None
 
 
 def _fc(rx: str) -> set[str] | None:
     if not rx:
         return None
     c = rx[0]
-    if c in "(":
-        depth, i = 0, 0
-        while i < len(rx):
-            ch = rx[i]
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == "[":
-                j = rx.find("]", i + 2)
-                if j < 0:
-                    return None
-                i = j + 1
-                continue
-            if ch == "(":
-                depth += 1
-            elif ch == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-            i += 1
-        else:
+    if c == "(":
+        i = _group_end(rx)
+        if i is None:
             return None
         inner, after = rx[1:i], rx[i + 1:]
         if after[:1] in ("?", "*") or after.startswith("{0"):
