@@ -328,7 +328,7 @@ def test_gpu_default_model_greedy_equals_the_cpu_path(llm):
                     reason="tensor parallelism over NCCL needs two GPUs")
 def test_two_gpus_over_nccl_give_the_cpu_paths_greedy_tokens(llm):
     """Tensor parallelism on NCCL (rank 1 on cuda:1): TP=2 in float32 gives
-    the CPU path's greedy tokens (the gloo test is tests/test_tensor_parallel.py)."""
+    the CPU path's greedy tokens (the gloo test is tests/model/test_tensor_parallel.py)."""
     from guided import LLM, SamplingParams
     prompts = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
                "Once upon a time, in a small village by the sea,"]

@@ -29,7 +29,7 @@ MAX_COPIED = 100_000 # characters of property schemas one object's variants may 
 MAX_GROWTH = 24_000  # characters all the variants of one schema may add (llguidance's size limit)
 # Optional properties as literal patternProperties: off. llguidance lets a pattern key repeat,
 # and a small model then writes the same keys again and again until max_tokens (seen in
-# tests/test_structured.py: {"a":1,"b":2,"a":1,...} cut by the length limit).
+# tests/grammar/test_structured.py: {"a":1,"b":2,"a":1,...} cut by the length limit).
 MAX_PATTERNS = 0
 # Keys a document often starts with though its schema does not list them ("$schema" in a
 # config file): at the root they may also come first (see metadata_first).
