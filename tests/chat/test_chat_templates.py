@@ -21,9 +21,11 @@ each grammar is tested per family in test_chat_tools.py.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 
+from guided.chat import template as template_module
 from guided.chat.chat_format import normalize_messages
 from guided.chat.parser import ChatParser
 from guided.chat.prompt import ControlEscaper, tokenize_rendered
@@ -148,6 +150,21 @@ def _without_ids(message: dict) -> dict:
     """An assistant message with its calls' ids blanked (new ones each parse,
     unless the model wrote them)."""
     return {**message, "tool_calls": [{**c, "id": ""} for c in message.get("tool_calls", [])]}
+
+
+class _FrozenClock(datetime):
+    """One instant for the whole matrix: Hunyuan's template writes the time to
+    the second into its system prompt, so turns rendered a second apart would
+    share no prefix (a real cost of that template, not of the engine)."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+
+@pytest.fixture(autouse=True)
+def _one_instant(monkeypatch):
+    monkeypatch.setattr(template_module, "datetime", _FrozenClock)
 
 
 def _common(a: list[int], b: list[int]) -> int:
