@@ -191,14 +191,16 @@ def save_weights(gguf_path: str, path: Path) -> Path:
         return path
     from guided.model.config import ModelConfig
     from guided.model.gguf_file import GGUFFile
-    from guided.model.gguf_loader import hf_name, unpermute
+    from guided.model.gguf_loader import our_name, unpermute
     gguf = GGUFFile(gguf_path)
     c = ModelConfig.from_gguf(gguf.metadata)
     tensors = {}
     for info in gguf.tensors:
-        name = hf_name(info.name)
+        name = our_name(info.name)
         if name is None:
             continue
+        # the norms under Llama's HF names
+        name = name.replace("attn_norm", "input_layernorm").replace("mlp_norm", "post_attention_layernorm")
         w = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
         if name.endswith("q_proj.weight"):
             w = unpermute(w, c.num_heads)

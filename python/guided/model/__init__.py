@@ -2,7 +2,7 @@
 paged KV cache, and the model runner (the only place that knows the device)."""
 from .attention import AttentionMetadata
 from .config import ModelConfig
-from .llama import CausalLM, allocate_kv_cache
+from .decoder import CausalLM, allocate_kv_cache
 from .loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
 from .runner import ModelRunner
 

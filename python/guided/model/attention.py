@@ -15,6 +15,14 @@ Where the model runner chose our CUDA kernels (model/cuda_ops.py;
 AttentionMetadata.kernels), a decode-only step reads the paged cache in place
 with cuda/paged_attention.cu instead of gathering it, and new K/V rows are written by its write kernel; prefill
 stays with SDPA over the gathered blocks.
+
+A sliding-window layer (Gemma, Mistral, EXAONE 4) reads the same blocks with
+a mask that keeps the last `window` positions; scores are soft-capped where
+the model asks (Gemma 2), which SDPA cannot do, so those layers compute
+attention in plain torch. Blocks behind every window are not released: the
+architectures that slide all have full-attention layers too (Gemma, EXAONE
+4) or slide wider than the contexts served (Mistral's 4k–32k), and a block
+shared through the prefix cache must stay whole for the next request.
 """
 from __future__ import annotations
 
@@ -50,11 +58,28 @@ class _Gather:
     buffers: list[torch.Tensor | None] = field(default_factory=lambda: [None, None])
 
 
+class _Masks:
+    """Which cached positions each query row may read, per window size (None:
+    all of them, causally), built the first time a layer asks."""
+
+    def __init__(self, keys: torch.Tensor, queries: torch.Tensor):
+        self.keys, self.queries = keys, queries    # positions: [.., L] of keys, [.., 1] of queries
+        self._made: dict[int | None, torch.Tensor] = {}
+
+    def __call__(self, window: int | None) -> torch.Tensor:
+        if window not in self._made:
+            mask = self.keys <= self.queries
+            if window is not None:
+                mask &= self.keys > self.queries - window
+            self._made[window] = mask
+        return self._made[window]
+
+
 @dataclass
 class _DecodeGroup:
     rows: torch.Tensor | None  # query rows of the group (None: all rows, in order)
     gather: _Gather
-    mask: torch.Tensor         # [S, 1, 1, L] bool: position < context length
+    masks: _Masks              # [S, 1, 1, L] bool: position < context length (and in the window)
 
 
 @dataclass
@@ -62,7 +87,7 @@ class _PrefillChunk:
     start: int
     end: int
     gather: _Gather
-    mask: torch.Tensor         # [n, ctx] bool, causal, offset by the tokens cached before the chunk
+    masks: _Masks              # [n, ctx] bool, causal, offset by the tokens cached before the chunk
 
 
 class AttentionPlan:
@@ -89,8 +114,8 @@ class AttentionPlan:
         return _Gather(tables[:, :nb].reshape(-1), tables.shape[0], length)
 
     def _decode_group(self, rows, tables, lens, length) -> _DecodeGroup:
-        mask = torch.arange(length, device=tables.device)[None, :] < lens[:, None]
-        return _DecodeGroup(rows, self._gather(tables, length), mask[:, None, None, :])
+        keys = torch.arange(length, device=tables.device).view(1, 1, 1, -1)
+        return _DecodeGroup(rows, self._gather(tables, length), _Masks(keys, (lens - 1).view(-1, 1, 1, 1)))
 
     def _plan_mixed(self, attn, tables, lens, device) -> None:
         starts = attn.query_start_loc.tolist()
@@ -103,8 +128,8 @@ class AttentionPlan:
                 decode_rows.append(s)
             elif e > s:
                 qpos = torch.arange(ctx - (e - s), ctx, device=device)
-                mask = torch.arange(ctx, device=device)[None, :] <= qpos[:, None]
-                self.prefills.append(_PrefillChunk(s, e, self._gather(tables[i:i + 1], ctx), mask))
+                masks = _Masks(torch.arange(ctx, device=device)[None, :], qpos[:, None])
+                self.prefills.append(_PrefillChunk(s, e, self._gather(tables[i:i + 1], ctx), masks))
         if decode_seqs:
             seqs = torch.tensor(decode_seqs, device=device)
             self.decode = self._decode_group(
@@ -124,25 +149,44 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, kv, d).index_copy_(0, plan.slot_mapping, v.to(v_cache.dtype))
 
 
+@dataclass(frozen=True)
+class Scores:
+    """How a layer turns q·k into weights: the scale, the window, the soft-cap."""
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    plan: AttentionPlan, scale: float) -> torch.Tensor:
+                    plan: AttentionPlan, scores: Scores) -> torch.Tensor:
     """q: [T, H, d] for the new tokens (their K/V already written). Returns [T, H*d]
     in q's dtype; the cache may hold a narrower one."""
     if q.dtype != k_cache.dtype:
-        return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scale).to(q.dtype)
+        return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scores).to(q.dtype)
     t, h, d = q.shape
-    if plan.kernel_decode is not None and d in (64, 128):
+    plain = scores.window is None and scores.softcap is None
+    if plan.kernel_decode is not None and d in (64, 128) and plain:
         tables, lens = plan.kernel_decode
-        return cuda_ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, scale).view(t, h * d)
+        return cuda_ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens,
+                                     scores.scale).view(t, h * d)
     group = plan.decode
     if group is not None and group.rows is None:
-        return _decode(q, k_cache, v_cache, group, scale)
+        return _decode(q, k_cache, v_cache, group, scores)
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
     for chunk in plan.prefills:
-        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scale)
+        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scores)
     if group is not None:
-        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scale)
+        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scores)
     return out
+
+
+def _attend(q, keys, values, mask, scores: Scores):
+    if scores.softcap is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scores.scale)
+    weights = q @ keys.transpose(-1, -2) * scores.scale
+    weights = torch.tanh(weights / scores.softcap) * scores.softcap
+    weights = weights.masked_fill(~mask, float("-inf")).softmax(dim=-1, dtype=torch.float32)
+    return weights.to(values.dtype) @ values
 
 
 def _read(cache: torch.Tensor, g: _Gather, which: int) -> torch.Tensor:
@@ -155,18 +199,17 @@ def _read(cache: torch.Tensor, g: _Gather, which: int) -> torch.Tensor:
     return buf.view(g.num_seqs, -1, kv, d)[:, :g.length].transpose(1, 2)
 
 
-def _decode(q, k_cache, v_cache, group: _DecodeGroup, scale: float):
+def _decode(q, k_cache, v_cache, group: _DecodeGroup, scores: Scores):
     """One new token per sequence: one batched SDPA, keys past each context masked out."""
     b, h, d = q.shape
     kv = k_cache.shape[-2]
     keys = _read(k_cache, group.gather, 0)
     values = _read(v_cache, group.gather, 1)
-    out = F.scaled_dot_product_attention(q.view(b, kv, h // kv, d), keys, values,
-                                         attn_mask=group.mask, scale=scale)
+    out = _attend(q.view(b, kv, h // kv, d), keys, values, group.masks(scores.window), scores)
     return out.reshape(b, h * d)
 
 
-def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scale: float):
+def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scores: Scores):
     """One sequence's chunk of n new tokens at the end of its cached context; causal."""
     n, h, d = q.shape
     kv = k_cache.shape[-2]
@@ -175,6 +218,7 @@ def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scale: float):
     values = _read(v_cache, chunk.gather, 1)[0]
     # rows ordered (group member, query position) to match the stacked queries
     qg = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
-    mask = chunk.mask if g == 1 else chunk.mask.repeat(g, 1)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+    mask = chunk.masks(scores.window)
+    mask = mask if g == 1 else mask.repeat(g, 1)
+    out = _attend(qg, keys, values, mask, scores)
     return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)

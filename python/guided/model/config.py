@@ -4,19 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-
-# HF `architectures` entries → our family names
-_HF_ARCH = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+from .architectures import Architecture, architecture, for_gguf, for_hf
 
 
 @dataclass
 class ModelConfig:
-    architecture: str
+    architecture: str            # a row of architectures.ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -29,53 +22,106 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
+    attention_bias: bool = False     # q, k and v have biases
+    output_bias: bool = False        # o_proj has one
+    mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    #: the leading part of each head that rotates (Phi-4-mini: three quarters)
+    rotary_dim: int | None = None
+    #: per layer, "full" or "sliding" (attends to the last `sliding_window` positions)
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    #: per layer, the rotary table it uses: "global", "local" (Gemma 3's sliding layers) or None
+    rope_layers: tuple[str | None, ...] | None = None
+    local_rope_theta: float | None = None
+    embedding_multiplier: float = 1.0
+    attention_scale: float | None = None   # None: head_dim ** -0.5
+    residual_multiplier: float = 1.0
+    logit_multiplier: float = 1.0
+    attn_softcap: float | None = None      # scores → cap·tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None
+
+    def __post_init__(self):
+        self.rotary_dim = self.rotary_dim or self.head_dim
+        self.layer_types = tuple(self.layer_types or ("full",) * self.num_layers)
+        self.rope_layers = tuple(self.rope_layers or ("global",) * self.num_layers)
+        if self.attention_scale is None:
+            self.attention_scale = self.head_dim ** -0.5
+        if len(self.layer_types) != self.num_layers or len(self.rope_layers) != self.num_layers:
+            raise ValueError(f"{self.architecture}: layer_types or rope layers do not name "
+                             f"all {self.num_layers} layers")
+        if "sliding" in self.layer_types and not self.sliding_window:
+            raise ValueError(f"{self.architecture}: sliding layers without a sliding_window")
+
+    @property
+    def arch(self) -> Architecture:
+        return architecture(self.architecture)
+
+    def window(self, layer: int) -> int | None:
+        """How many positions layer `layer` attends to (None: all)."""
+        return self.sliding_window if self.layer_types[layer] == "sliding" else None
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "ModelConfig":
-        arch = _hf_architecture(cfg)
+    def from_hf(cls, raw: dict) -> "ModelConfig":
+        arch = for_hf(raw)
+        # a multimodal checkpoint's text model (Mistral 3, Gemma 3): its own config, text only
+        cfg = {**raw, **raw["text_config"]} if isinstance(raw.get("text_config"), dict) else raw
         heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
-        eos = cfg.get("eos_token_id")
-        return cls(
-            architecture=arch,
+        head_dim = cfg.get("head_dim") or hidden // heads
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        types = cfg.get("layer_types")
+        if types:
+            other = sorted(set(types) - set(_LAYER_TYPES))
+            if other:
+                raise ValueError(f"{arch.name}: layers of kind {', '.join(other)} are not supported "
+                                 f"(guided runs attention layers: {', '.join(_LAYER_TYPES)})")
+            types = tuple(_LAYER_TYPES[t] for t in types)
+        elif window and arch.sliding_everywhere:
+            types = ("sliding",) * cfg["num_hidden_layers"]
+        bias = bool(cfg.get("attention_bias", False) or cfg.get("use_bias", False))
+        fields = dict(
+            architecture=arch.name,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
+            intermediate_size=cfg.get("intermediate_size") or cfg.get("shared_intermediate_size"),
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=_hf_rope_theta(cfg),
             rope_scaling=_hf_rope_scaling(cfg),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            # qwen2 always has q/k/v bias; llama and qwen3 say so in the config
-            attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
+            attention_bias=arch.qkv_bias or bias,
+            output_bias=bias and arch.name != "qwen2",
+            mlp_bias=bool(cfg.get("mlp_bias", False) or cfg.get("use_bias", False)),
             bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=_as_list(eos),
+            eos_token_ids=_as_list(cfg.get("eos_token_id")),
+            rotary_dim=int(head_dim * _partial_rotary(cfg)),
+            layer_types=types or None,
+            sliding_window=window if types and "sliding" in types else None,
         )
+        fields.update({k: v for k, v in arch.read_hf(cfg, fields).items() if v is not None})
+        return cls(**fields)
 
     @classmethod
     def from_gguf(cls, md: dict) -> "ModelConfig":
-        arch = md["general.architecture"]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        name = md["general.architecture"]
+        arch = for_gguf(name)
 
         def get(key, default=None):
-            return md.get(f"{arch}.{key}", default)
+            return md.get(f"{name}.{key}", default)
 
         heads = get("attention.head_count")
         hidden = get("embedding_length")
         head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
         vocab = get("vocab_size") or len(md["tokenizer.ggml.tokens"])
-        return cls(
-            architecture=arch,
+        window = get("attention.sliding_window")
+        fields = dict(
+            architecture=arch.name,
             vocab_size=int(vocab),
             hidden_size=int(hidden),
             intermediate_size=int(get("feed_forward_length")),
@@ -85,43 +131,54 @@ class ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)),
-            rope_scaling=_gguf_rope_scaling(md, arch),
+            rope_scaling=_gguf_rope_scaling(md, name),
             max_position_embeddings=int(get("context_length", 4096)),
             tie_word_embeddings=False,  # decided by the loader: no output.weight → tied
-            attention_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            attention_bias=arch.qkv_bias,   # the loader sets it where the file holds biases
             bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_list(md.get("tokenizer.ggml.eos_token_id")),
+            rotary_dim=int(get("rope.dimension_count") or head_dim),
+            layer_types=("sliding",) * int(get("block_count")) if window and arch.sliding_everywhere else None,
+            sliding_window=int(window) if window else None,
         )
+        fields.update({k: v for k, v in arch.read_gguf(get).items() if v is not None})
+        if "sliding" not in (fields["layer_types"] or ()):
+            fields["sliding_window"] = None
+        return cls(**fields)
 
 
-def _hf_architecture(cfg: dict) -> str:
-    for name in cfg.get("architectures") or ():
-        if name in _HF_ARCH:
-            return _HF_ARCH[name]
-    model_type = cfg.get("model_type")
-    if model_type in SUPPORTED_ARCHITECTURES:
-        return model_type
-    named = (cfg.get("architectures") or [model_type])[0]
-    raise ValueError(f"unsupported architecture {named!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+#: config.json's layer kinds (GraniteMoeHybrid says "attention"; "mamba" and others are refused)
+_LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding"}
+
+
+def _partial_rotary(cfg: dict) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return float(cfg.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
+
+
+def _rope_params(cfg: dict) -> dict:
+    """The rotary parameters of the full-attention layers: transformers 5's
+    rope_parameters (per layer type for Gemma 3), or the older rope_scaling."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return params.get("full_attention", params)
 
 
 def _hf_rope_theta(cfg: dict) -> float:
-    # transformers 5 moved rope_theta into rope_parameters
-    params = cfg.get("rope_parameters") or {}
-    return float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    return float(cfg.get("rope_theta") or _rope_params(cfg).get("rope_theta") or 10000.0)
 
 
 def _hf_rope_scaling(cfg: dict) -> dict | None:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if not scaling:
-        return None
+    scaling = _rope_params(cfg)
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
+    if kind == "default" or (kind == "dynamic" and scaling.get("alpha")):   # Hunyuan's reader has it
         return None
-    if kind not in ("llama3", "linear"):
+    if kind not in ("llama3", "linear", "longrope"):
         raise ValueError(f"unsupported rope scaling {kind!r}")
-    return dict(scaling, rope_type=kind)
+    out = dict(scaling, rope_type=kind)
+    if kind == "longrope":
+        out.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        out["max_position_embeddings"] = cfg.get("max_position_embeddings")
+    return out
 
 
 def _gguf_rope_scaling(md: dict, arch: str) -> dict | None:

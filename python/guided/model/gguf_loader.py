@@ -13,16 +13,16 @@ from .weights import WeightSink
 
 _TOP = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
         "output.weight": "lm_head.weight"}
-_BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+# llama.cpp's names → the names WeightSink takes (weights.LAYER_MODULES)
+_BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-          "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}
-# llama.cpp's converter interleaves the rotary halves of Q/K rows for these architectures
-_PERMUTED_QK = ("llama",)
+          "post_attention_norm": "attn_post_norm", "ffn_norm": "mlp_norm", "post_ffw_norm": "mlp_post_norm",
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
-def hf_name(gguf_name: str) -> str | None:
+def our_name(gguf_name: str) -> str | None:
+    """The name WeightSink takes for a GGUF tensor (None: not a weight we hold)."""
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     parts = gguf_name.split(".")
@@ -46,13 +46,17 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     config = ModelConfig.from_gguf(md)
     sink = WeightSink(config, dtype, device)
     freq_factors = None
+    # Q/K rows that rotate in pairs: llama.cpp's converter interleaved them, or the model was made so
+    permuted = config.arch.gguf_permuted_qk or config.arch.interleaved_rope
     for info in tqdm(gguf.tensors, desc="loading weights", unit="tensor", leave=False):
         if info.name == "rope_freqs.weight":
             freq_factors = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
             continue
-        name = hf_name(info.name)
+        name = our_name(info.name)
         if name is None:
             continue
+        if name.endswith("up_proj.weight") and info.shape[0] == 2 * config.intermediate_size:
+            name = name.replace("up_proj", "gate_up_proj")   # Phi-3's gate and up, fused as in its checkpoint
         keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
         if keep_blocks and name == "embed_tokens.weight":
             sink.tied_head = _quant_weight(gguf, info)  # the lm_head when the embeddings are tied
@@ -60,9 +64,9 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
         w = _quant_weight(gguf, info) if keep_blocks else \
             torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
         blocks = w.blocks if keep_blocks else w
-        if config.architecture in _PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             blocks = unpermute(blocks, config.num_heads)
-        elif config.architecture in _PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             blocks = unpermute(blocks, config.num_kv_heads)
         sink.add(name, QuantWeight(w.ggml_type, w.cols, blocks) if keep_blocks else blocks)
     model = sink.build()

@@ -9,7 +9,9 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from .architectures import Architecture
 from .config import ModelConfig
+from .gguf_loader import unpermute
 from .weights import WeightSink
 
 
@@ -48,11 +50,55 @@ def load_hf(directory: str, dtype: torch.dtype, device: torch.device):
     files = _weight_files(directory)
     handles = [safe_open(f, framework="pt") for f in files]
     names = [(h, k) for h in handles for k in h.keys()]
+    arch = config.arch
     for handle, name in tqdm(names, desc="loading weights", unit="tensor", leave=False):
-        sink.add(name, handle.get_tensor(name))
+        ours = _our_name(name, arch)
+        if ours is not None:
+            sink.add(ours, _as_ours(ours, handle.get_tensor(name), arch, config))
     model = sink.build()
     model.init_rotary(device, dtype)
     return config, model, raw
+
+
+#: where a multimodal checkpoint keeps its text model's tensors (Mistral 3, Gemma 3; transformers 5
+#: saves "model.language_model.", earlier versions "language_model.model.")
+_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_emb.")
+#: HF's per-layer module names that are not ours, by the architecture's norm placement
+_NORMS = {
+    "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"},
+    "post": {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"},
+    "sandwich": {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
+                 "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"},
+}
+_MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # Hunyuan
+            "input_linear": "gate_up_proj", "output_linear": "down_proj"}     # Granite 4's shared MLP
+
+
+def _our_name(name: str, arch: Architecture) -> str | None:
+    """An HF tensor name as WeightSink takes it, or None for what the text model does not use."""
+    if any(part in name for part in _NOT_TEXT):
+        return None
+    for prefix in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
+    parts = name.split(".")
+    if parts[0] == "layers" and len(parts) > 3:
+        module = parts[-2]
+        parts[-2] = _NORMS[arch.norms].get(module) or _MODULES.get(module, module)
+    return ".".join(parts)
+
+
+def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> torch.Tensor:
+    """Gemma's norms store w for (1 + w); Ernie's Q/K rows rotate in pairs, ours in halves."""
+    if arch.norm_offset and name.endswith("norm.weight"):
+        return w.float() + arch.norm_offset
+    if arch.interleaved_rope and name.endswith(("q_proj.weight", "q_proj.bias")):
+        return unpermute(w, c.num_heads)
+    if arch.interleaved_rope and name.endswith(("k_proj.weight", "k_proj.bias")):
+        return unpermute(w, c.num_kv_heads)
+    return w
 
 
 def _token_text(value) -> str | None:

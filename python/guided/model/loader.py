@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from .config import ModelConfig
 from .cpu_linear import pack_linears
-from .llama import CausalLM
+from .decoder import CausalLM
 from .parallel import TensorGroup, TensorSplit, check_split, shard
 from .quant_linear import QuantLinear, kernels_available
 

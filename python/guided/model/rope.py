@@ -1,4 +1,9 @@
-"""Rotary position embedding: frequencies (plain, linear, llama3) and a cos/sin table."""
+"""Rotary position embedding: frequencies (plain, linear, llama3, LongRoPE) and a cos/sin table.
+
+A model has one table per rotary base its layers use ("global", and "local"
+for Gemma 3's sliding layers); a head may rotate only its leading
+`rotary_dim` values (Phi-4-mini, GLM).
+"""
 from __future__ import annotations
 
 import math
@@ -8,19 +13,41 @@ import torch
 from .config import ModelConfig
 
 
-def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling or {}
+def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
+                        local: bool = False) -> tuple[torch.Tensor, float]:
+    """The table's inverse frequencies, and the factor its cos/sin are scaled by
+    (LongRoPE's attention factor; 1 otherwise). `local`: the sliding layers'
+    own base, unscaled (Gemma 3)."""
+    dim = config.rotary_dim
+    theta = config.local_rope_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = {} if local else config.rope_scaling or {}
     kind = scaling.get("rope_type")
     if kind == "linear":
         inv_freq = inv_freq / float(scaling["factor"])
     elif kind == "llama3":
         inv_freq = _llama3(inv_freq, scaling)
-    if freq_factors is not None:
+    elif kind == "longrope":
+        return _longrope(inv_freq, scaling)
+    if freq_factors is not None and not local:
         # llama.cpp stores llama3 scaling as per-frequency divisors (rope_freqs.weight)
         inv_freq = inv_freq / freq_factors.float()
-    return inv_freq
+    return inv_freq, 1.0
+
+
+def _longrope(inv_freq: torch.Tensor, s: dict) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: per-frequency divisors, the long ones where the model is
+    made for more than its original context. Chosen once per model, as
+    llama.cpp does, so a sequence's cached keys never mix the two (transformers
+    switches per forward, by the sequence's length)."""
+    original = float(s["original_max_position_embeddings"])
+    longest = float(s.get("max_position_embeddings") or original)
+    factors = s["long_factor"] if longest > original else s["short_factor"]
+    factor = float(s.get("factor") or longest / original)
+    scale = s.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv_freq / torch.tensor(factors, dtype=torch.float32), float(scale)
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -39,16 +66,18 @@ def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 class RotaryTable:
     """cos/sin per position, computed once (fp32) and grown if a longer context shows up."""
 
-    def __init__(self, inv_freq: torch.Tensor, length: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, inv_freq: torch.Tensor, length: int, dtype: torch.dtype, device: torch.device,
+                 scale: float = 1.0):
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device, self.scale = dtype, device, scale
         self._build(length)
 
     def _build(self, length: int) -> None:
         pos = torch.arange(length, device=self.device, dtype=torch.float32)
         freqs = pos[:, None] * self.inv_freq[None, :]
         # one [P, d] table holding cos in the first half and sin in the second: one gather per step
-        self.table = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(self.dtype)
+        table = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        self.table = (table * self.scale if self.scale != 1.0 else table).to(self.dtype)
         self.length = length
 
     def ensure(self, length: int) -> None:
@@ -62,6 +91,10 @@ class RotaryTable:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves (HF/NeoX layout): [x1, x2] → [x1·cos − x2·sin, x2·cos + x1·sin]."""
+    """Rotate halves (HF/NeoX layout): [x1, x2] → [x1·cos − x2·sin, x2·cos + x1·sin],
+    over the leading 2·len(cos) values of each head; the rest pass unrotated."""
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

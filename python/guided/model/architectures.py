@@ -1,0 +1,205 @@
+"""The architectures guided runs: one row each, saying how it differs from Llama's decoder.
+
+A new architecture whose layers are attention and an MLP is a row here (and,
+where its config names a number no other architecture has, a reader for
+it); decoder.py, the loaders and the tensor-parallel split read the row.
+What each field means:
+
+- ``norms``: where a layer's RMSNorms sit. "pre" (Llama): norm → sublayer →
+  add. "post" (OLMo 2, EXAONE 4): sublayer → norm → add. "sandwich" (Gemma 2
+  and 3): norm → sublayer → norm → add.
+- ``qk_norm``: RMSNorm on queries and keys: "head" (per head, Qwen3) or
+  "full" (over all heads at once, OLMo 2); ``qk_norm_after_rope`` where it
+  comes after the rotation (Hunyuan).
+- ``norm_offset``: checkpoints store w where the norm multiplies by (offset +
+  w) (Gemma's 1 + w); the HF loader adds it once, as llama.cpp's converter
+  does, so the forward multiplies by the weight alone.
+- ``interleaved_rope``: the checkpoint rotates pairs (x0, x1), (x2, x3)
+  rather than halves (Ernie 4.5); the loader permutes Q/K rows to halves,
+  which leaves every q·k unchanged.
+- ``gguf_permuted_qk``: llama.cpp's converter interleaved the Q/K rows (its
+  LlamaModel subclasses); the GGUF loader undoes it.
+- ``sliding_everywhere``: a ``sliding_window`` without ``layer_types``
+  applies to every layer (Mistral, Phi-3).
+- ``read_hf`` / ``read_gguf``: the architecture's own numbers (multipliers,
+  soft-caps, which layers rotate) as ModelConfig fields; ``read_hf`` gets the
+  config.json and the fields read so far, ``read_gguf`` a getter of the
+  architecture's metadata keys.
+
+Out of scope, and what each would need: recurrent layers (Mamba2 in Granite
+4.0-H, LFM2's short convolutions, Qwen3.5's Gated DeltaNet) need a
+per-sequence state beside the paged KV cache; MLA (DeepSeek V3, Kimi K2) a
+latent KV cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def _none(*_) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    hf_names: tuple[str, ...]
+    gguf_names: tuple[str, ...] = ()
+    norms: str = "pre"
+    qk_norm: str | None = None
+    qk_norm_after_rope: bool = False
+    qkv_bias: bool = False          # always, whatever the config says (Qwen2)
+    activation: str = "silu"
+    norm_offset: float = 0.0
+    interleaved_rope: bool = False
+    gguf_permuted_qk: bool = False
+    sliding_everywhere: bool = False
+    read_hf: Callable[[dict, dict], dict[str, Any]] = _none
+    read_gguf: Callable[[Callable], dict[str, Any]] = _none
+
+
+# ---------------------------------------------------------------- the architectures' own numbers
+
+def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    if cfg.get("num_local_experts"):
+        raise ValueError("Granite's mixture-of-experts layers are not supported yet")
+    # GraniteMoeHybrid's position_embedding_type "nope": no layer rotates
+    nope = cfg.get("position_embedding_type") == "nope"
+    return {"embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
+            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
+            "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
+            "logit_multiplier": 1.0 / float(cfg.get("logits_scaling", 1.0)),
+            "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None}
+
+
+def _granite_gguf(get) -> dict[str, Any]:
+    return {"embedding_multiplier": float(get("embedding_scale", 1.0)),
+            "attention_scale": float(get("attention.scale", 1.0)),
+            "residual_multiplier": float(get("residual_scale", 1.0)),
+            "logit_multiplier": 1.0 / float(get("logit_scale", 1.0))}
+
+
+def _smollm3_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # no_rope_layers[i] is 1 where layer i rotates
+    flags = cfg.get("no_rope_layers") or [1] * cfg["num_hidden_layers"]
+    return {"rope_layers": tuple("global" if f else None for f in flags)}
+
+
+def _smollm3_gguf(get) -> dict[str, Any]:
+    # llama.cpp: every fourth layer has no rotation
+    n, step = int(get("block_count")), int(get("no_rope_layer_step", 4))
+    return {"rope_layers": tuple(None if (i + 1) % step == 0 else "global" for i in range(n))}
+
+
+def _exaone4_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # with a sliding window, the full-attention layers do not rotate
+    if not cfg.get("sliding_window"):
+        return {}
+    types = cfg.get("layer_types") or ()
+    return {"rope_layers": tuple("global" if t == "sliding_attention" else None for t in types) or None}
+
+
+def _hunyuan_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # "dynamic" with a fixed alpha: a stretched base, the same at every length
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    alpha = rope.get("alpha")
+    if not alpha:
+        return {}
+    dim = base["head_dim"]
+    return {"rope_theta": base["rope_theta"] * float(alpha) ** (dim / (dim - 2))}
+
+
+def _gemma_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    scalar = cfg.get("query_pre_attn_scalar") or cfg.get("head_dim")
+    rope = cfg.get("rope_parameters") or {}
+    local = (rope.get("sliding_attention") or {}).get("rope_theta") or cfg.get("rope_local_base_freq")
+    types = cfg.get("layer_types") or ()
+    return {"embedding_multiplier": math.sqrt(cfg["hidden_size"]),
+            "attention_scale": float(scalar) ** -0.5,
+            "attn_softcap": cfg.get("attn_logit_softcapping"),
+            "final_softcap": cfg.get("final_logit_softcapping"),
+            "local_rope_theta": float(local) if local else None,
+            "rope_layers": tuple("local" if local and t == "sliding_attention" else "global"
+                                 for t in types) or None}
+
+
+def _gemma2_gguf(get) -> dict[str, Any]:
+    # llama.cpp: every other layer slides, the first among them
+    n = int(get("block_count"))
+    return {**_gemma_gguf(get), "layer_types": tuple("sliding" if i % 2 == 0 else "full" for i in range(n))}
+
+
+def _gemma3_gguf(get) -> dict[str, Any]:
+    # llama.cpp: five sliding layers, then a full one; the sliding layers rotate with base 10,000
+    n = int(get("block_count"))
+    types = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(n))
+    return {**_gemma_gguf(get), "layer_types": types, "local_rope_theta": 10000.0,
+            "rope_layers": tuple("local" if t == "sliding" else "global" for t in types)}
+
+
+def _gemma_gguf(get) -> dict[str, Any]:
+    hidden, key = int(get("embedding_length")), int(get("attention.key_length"))
+    return {"embedding_multiplier": math.sqrt(hidden), "attention_scale": key ** -0.5,
+            "attn_softcap": get("attn_logit_softcapping"), "final_softcap": get("final_logit_softcapping")}
+
+
+# ---------------------------------------------------------------- the table
+
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture("llama", ("LlamaForCausalLM",), ("llama",), gguf_permuted_qk=True),
+    Architecture("mistral", ("MistralForCausalLM", "Mistral3ForConditionalGeneration"), ("mistral3",),
+                 gguf_permuted_qk=True, sliding_everywhere=True),
+    Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qkv_bias=True),
+    Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qk_norm="head"),
+    Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), sliding_everywhere=True),
+    Architecture("granite", ("GraniteForCausalLM",), ("granite",), gguf_permuted_qk=True,
+                 read_hf=_granite_hf, read_gguf=_granite_gguf),
+    Architecture("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitehybrid",),
+                 read_hf=_granite_hf, read_gguf=_granite_gguf),
+    Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), gguf_permuted_qk=True,
+                 read_hf=_smollm3_hf, read_gguf=_smollm3_gguf),
+    Architecture("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), norms="post", qk_norm="full"),
+    Architecture("exaone4", ("Exaone4ForCausalLM",), ("exaone4",), norms="post", qk_norm="head",
+                 read_hf=_exaone4_hf),
+    Architecture("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), interleaved_rope=True),
+    Architecture("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan-dense",), qk_norm="head",
+                 qk_norm_after_rope=True, read_hf=_hunyuan_hf),
+    Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
+                 norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
+    Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),
+                 norms="sandwich", qk_norm="head", activation="gelu_tanh", norm_offset=1.0,
+                 read_hf=_gemma_hf, read_gguf=_gemma3_gguf),
+)
+
+_BY_NAME = {a.name: a for a in ARCHITECTURES}
+_BY_HF = {hf: a for a in ARCHITECTURES for hf in a.hf_names}
+_BY_GGUF = {g: a for a in ARCHITECTURES for g in a.gguf_names}
+
+
+def supported() -> str:
+    """The architectures' HF names, for error messages and --help."""
+    return ", ".join(hf for a in ARCHITECTURES for hf in a.hf_names)
+
+
+def architecture(name: str) -> Architecture:
+    return _BY_NAME[name]
+
+
+def for_hf(cfg: dict) -> Architecture:
+    """The row for a config.json: by its `architectures` entry, else its model_type."""
+    for name in cfg.get("architectures") or ():
+        if name in _BY_HF:
+            return _BY_HF[name]
+    if cfg.get("model_type") in _BY_NAME:
+        return _BY_NAME[cfg["model_type"]]
+    named = (cfg.get("architectures") or [cfg.get("model_type")])[0]
+    raise ValueError(f"unsupported architecture {named!r}; guided runs: {supported()}")
+
+
+def for_gguf(name: str) -> Architecture:
+    if name in _BY_GGUF:
+        return _BY_GGUF[name]
+    raise ValueError(f"unsupported GGUF architecture {name!r}; guided runs: "
+                     f"{', '.join(g for a in ARCHITECTURES for g in a.gguf_names)}")
