@@ -8,7 +8,8 @@ What each field means:
 - ``norms``: where a layer's RMSNorms sit. "pre" (Llama): norm → sublayer →
   add. "post" (OLMo 2, EXAONE 4): sublayer → norm → add. "sandwich" (Gemma 2
   and 3): norm → sublayer → norm → add.
-- ``qk_norm``: RMSNorm on queries and keys: "head" (per head, Qwen3) or
+- ``qk_norm``: RMSNorm on queries and keys (a config may turn it on, GLM's
+  use_qk_norm): "head" (per head, Qwen3) or
   "full" (over all heads at once, OLMo 2); ``qk_norm_after_rope`` where it
   comes after the rotation (Hunyuan).
 - ``norm_offset``: checkpoints store w where the norm multiplies by (offset +
@@ -38,6 +39,25 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: per token, a router picks `top_k` of
+    `num_experts` gated MLPs (each `intermediate_size` wide) and sums their
+    outputs by its weights, plus a shared expert where there is one."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    #: "softmax" (Qwen3-MoE) or "sigmoid" with a selection bias (GLM-4.5)
+    scoring: str = "softmax"
+    norm_topk_prob: bool = True
+    routed_scaling: float = 1.0
+    num_groups: int = 1          # experts are chosen from the best `topk_groups` of these groups
+    topk_groups: int = 1
+    shared_intermediate_size: int = 0
+    #: per layer, whether it is a dense MLP instead (GLM's first layers, Qwen3-MoE's mlp_only_layers)
+    dense_layers: tuple[bool, ...] = ()
+
+
 def _none(*_) -> dict[str, Any]:
     return {}
 
@@ -51,6 +71,7 @@ class Architecture:
     qk_norm: str | None = None
     qk_norm_after_rope: bool = False
     qkv_bias: bool = False          # always, whatever the config says (Qwen2)
+    output_bias: bool = True        # o_proj has a bias where q, k and v have (not in Qwen2, GLM)
     activation: str = "silu"
     norm_offset: float = 0.0
     interleaved_rope: bool = False
@@ -145,13 +166,55 @@ def _gemma_gguf(get) -> dict[str, Any]:
             "attn_softcap": get("attn_logit_softcapping"), "final_softcap": get("final_logit_softcapping")}
 
 
+def _qwen3_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    n, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step") or 1
+    only = set(cfg.get("mlp_only_layers") or ())
+    dense = tuple(i in only or (i + 1) % step != 0 for i in range(n))
+    experts = cfg.get("num_experts") or cfg["num_local_experts"]   # the Hub's name, transformers 5's
+    return {"moe": MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), dense_layers=dense)}
+
+
+def _glm4_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    n, first = cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0
+    experts = cfg.get("n_routed_experts") or cfg["num_local_experts"]
+    return {"moe": MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                             scoring="sigmoid", norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                             routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
+                             num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1,
+                             shared_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
+                             dense_layers=tuple(i < first for i in range(n))),
+            "qk_norm": "head" if cfg.get("use_qk_norm") else None}
+
+
+def _qwen3_moe_gguf(get) -> dict[str, Any]:
+    n = int(get("block_count"))
+    return {"moe": MoEConfig(int(get("expert_count")), int(get("expert_used_count")),
+                             int(get("expert_feed_forward_length")), dense_layers=(False,) * n)}
+
+
+def _glm4_moe_gguf(get) -> dict[str, Any]:
+    # the file also holds the multi-token-prediction layer(s) after the last one: not run
+    n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
+    first, shared = int(get("leading_dense_block_count", 0)), int(get("expert_shared_count", 0))
+    width = int(get("expert_feed_forward_length"))
+    return {"num_layers": n,
+            "moe": MoEConfig(int(get("expert_count")), int(get("expert_used_count")), width, scoring="sigmoid",
+                             norm_topk_prob=bool(get("expert_weights_norm", True)),
+                             routed_scaling=float(get("expert_weights_scale", 1.0)),
+                             num_groups=int(get("expert_group_count", 1)),
+                             topk_groups=int(get("expert_group_used_count", 1)),
+                             shared_intermediate_size=width * shared,
+                             dense_layers=tuple(i < first for i in range(n)))}
+
+
 # ---------------------------------------------------------------- the table
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", ("LlamaForCausalLM",), ("llama",), gguf_permuted_qk=True),
     Architecture("mistral", ("MistralForCausalLM", "Mistral3ForConditionalGeneration"), ("mistral3",),
                  gguf_permuted_qk=True, sliding_everywhere=True),
-    Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qkv_bias=True),
+    Architecture("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qkv_bias=True, output_bias=False),
     Architecture("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qk_norm="head"),
     Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), sliding_everywhere=True),
     Architecture("granite", ("GraniteForCausalLM",), ("granite",), gguf_permuted_qk=True,
@@ -166,6 +229,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), interleaved_rope=True),
     Architecture("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan-dense",), qk_norm="head",
                  qk_norm_after_rope=True, read_hf=_hunyuan_hf),
+    Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), qk_norm="head",
+                 read_hf=_qwen3_moe_hf, read_gguf=_qwen3_moe_gguf),
+    Architecture("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4moe",), output_bias=False,
+                 read_hf=_glm4_moe_hf, read_gguf=_glm4_moe_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
     Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .architectures import Architecture, architecture, for_gguf, for_hf
+from .architectures import Architecture, MoEConfig, architecture, for_gguf, for_hf
 
 
 @dataclass
@@ -41,6 +41,8 @@ class ModelConfig:
     logit_multiplier: float = 1.0
     attn_softcap: float | None = None      # scores → cap·tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None
+    moe: MoEConfig | None = None
+    qk_norm: str | None = None             # the architecture's, or the config's (GLM's use_qk_norm)
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -57,6 +59,9 @@ class ModelConfig:
     @property
     def arch(self) -> Architecture:
         return architecture(self.architecture)
+
+    def is_moe(self, layer: int) -> bool:
+        return self.moe is not None and not self.moe.dense_layers[layer]
 
     def window(self, layer: int) -> int | None:
         """How many positions layer `layer` attends to (None: all)."""
@@ -83,6 +88,7 @@ class ModelConfig:
         bias = bool(cfg.get("attention_bias", False) or cfg.get("use_bias", False))
         fields = dict(
             architecture=arch.name,
+            qk_norm=arch.qk_norm,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg.get("intermediate_size") or cfg.get("shared_intermediate_size"),
@@ -96,7 +102,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
             attention_bias=arch.qkv_bias or bias,
-            output_bias=bias and arch.name != "qwen2",
+            output_bias=bias and arch.output_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False) or cfg.get("use_bias", False)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_list(cfg.get("eos_token_id")),
@@ -122,6 +128,7 @@ class ModelConfig:
         window = get("attention.sliding_window")
         fields = dict(
             architecture=arch.name,
+            qk_norm=arch.qk_norm,     # or the loader's, where the file holds q/k norms
             vocab_size=int(vocab),
             hidden_size=int(hidden),
             intermediate_size=int(get("feed_forward_length")),

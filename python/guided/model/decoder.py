@@ -15,6 +15,7 @@ from torch import nn
 
 from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
+from .moe import MoE
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -56,13 +57,15 @@ class DecoderLayer(nn.Module):
         self.act = _ACTIVATIONS[arch.activation]
         self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
         self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
-        self.qk_norm, self.qk_norm_after_rope = arch.qk_norm, arch.qk_norm_after_rope
-        if arch.qk_norm:
-            head = arch.qk_norm == "head"
+        self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
+        if c.qk_norm:
+            head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
-        self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
-        self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
+        self.moe = MoE(c.moe, c.hidden_size, self.act) if c.is_moe(index) else None
+        if self.moe is None:
+            self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
+            self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
         # "pre": norm → sublayer; "post": sublayer → norm; "sandwich": both
         self.norm_in, self.norm_out = arch.norms in ("pre", "sandwich"), arch.norms in ("post", "sandwich")
         for name, present in (("attn_norm", self.norm_in), ("mlp_norm", self.norm_in),
@@ -79,6 +82,8 @@ class DecoderLayer(nn.Module):
                                                     rotary, kv_cache, plan)))
         x = x + self._out(h, "attn_post_norm")
         h = self.mlp_norm(x) if self.norm_in else x
+        if self.moe is not None:
+            return x + self._out(self.reduce(self.moe(h)), "mlp_post_norm")
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return x + self._out(self.reduce(self.down_proj(self.act(gate) * up)), "mlp_post_norm")
 

@@ -21,14 +21,31 @@ _BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "sel
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
+# a mixture-of-experts MLP's tensors, whole names (weights.WeightSink._add_moe)
+_MOE = {"ffn_gate_inp": "moe.router.weight", "exp_probs_b": "moe.router_bias",
+        "ffn_gate_exps": "moe.gate_exps", "ffn_up_exps": "moe.up_exps", "ffn_down_exps": "moe.down_exps",
+        "ffn_gate_shexp": "moe.shared.gate_proj.weight", "ffn_up_shexp": "moe.shared.up_proj.weight",
+        "ffn_down_shexp": "moe.shared.down_proj.weight"}
+
+
 def our_name(gguf_name: str) -> str | None:
     """The name WeightSink takes for a GGUF tensor (None: not a weight we hold)."""
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     parts = gguf_name.split(".")
-    if parts[0] != "blk" or parts[2] not in _BLOCK:
+    if parts[0] != "blk":
+        return None
+    if parts[2] in _MOE:
+        return f"layers.{parts[1]}.{_MOE[parts[2]]}"
+    if parts[2] not in _BLOCK:
         return None
     return f"layers.{parts[1]}.{_BLOCK[parts[2]]}.{parts[3]}"
+
+
+def _layer(name: str) -> int:
+    """The layer a tensor belongs to (-1 for the embeddings, final norm and head)."""
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "layers" else -1
 
 
 def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -53,7 +70,7 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             freq_factors = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
             continue
         name = our_name(info.name)
-        if name is None:
+        if name is None or _layer(name) >= config.num_layers:   # past the last: GLM's prediction layer
             continue
         if name.endswith("up_proj.weight") and info.shape[0] == 2 * config.intermediate_size:
             name = name.replace("up_proj", "gate_up_proj")   # Phi-3's gate and up, fused as in its checkpoint

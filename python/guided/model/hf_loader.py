@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from .architectures import Architecture
 from .config import ModelConfig
-from .gguf_loader import unpermute
+from .gguf_loader import _layer, unpermute
 from .weights import WeightSink
 
 
@@ -53,7 +53,7 @@ def load_hf(directory: str, dtype: torch.dtype, device: torch.device):
     arch = config.arch
     for handle, name in tqdm(names, desc="loading weights", unit="tensor", leave=False):
         ours = _our_name(name, arch)
-        if ours is not None:
+        if ours is not None and _layer(ours) < config.num_layers:   # past the last: GLM's prediction layer
             sink.add(ours, _as_ours(ours, handle.get_tensor(name), arch, config))
     model = sink.build()
     model.init_rotary(device, dtype)
@@ -75,6 +75,16 @@ _MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # 
             "input_linear": "gate_up_proj", "output_linear": "down_proj"}     # Granite 4's shared MLP
 
 
+#: a mixture-of-experts MLP's tensors (after "mlp."): the router ("gate"), the experts, a shared expert
+_MOE = {
+    "gate": lambda rest: ["router_bias"] if rest == ["e_score_correction_bias"] else ["router"] + rest,
+    "experts": lambda rest: ["experts"] + rest if rest[0].isdigit() else {
+        "gate_up_proj": ["gate_up"], "down_proj": ["down"]}[rest[0]],   # transformers 5 stacks them
+    "shared_experts": lambda rest: ["shared"] + rest,
+    "shared_expert": lambda rest: ["shared"] + rest,
+}
+
+
 def _our_name(name: str, arch: Architecture) -> str | None:
     """An HF tensor name as WeightSink takes it, or None for what the text model does not use."""
     if any(part in name for part in _NOT_TEXT):
@@ -85,6 +95,8 @@ def _our_name(name: str, arch: Architecture) -> str | None:
             break
     parts = name.split(".")
     if parts[0] == "layers" and len(parts) > 3:
+        if parts[2] == "mlp" and parts[3] in _MOE:
+            return ".".join(parts[:2] + ["moe"] + _MOE[parts[3]](parts[4:]))
         module = parts[-2]
         parts[-2] = _NORMS[arch.norms].get(module) or _MODULES.get(module, module)
     return ".".join(parts)

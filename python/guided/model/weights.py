@@ -28,6 +28,8 @@ class WeightSink:
         self.config, self.dtype, self.device = config, dtype, device
         self.state: dict[str, torch.Tensor] = {}
         self._pending: dict[str, dict[str, torch.Tensor | QuantWeight]] = {}
+        #: per layer, experts' tensors by (gate_proj | up_proj | down_proj, expert), stacked at build()
+        self._experts: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
         #: the output head's blocks where it is tied to quantized embeddings (held dense for lookup)
         self.tied_head: QuantWeight | None = None
 
@@ -39,6 +41,9 @@ class WeightSink:
             self._add_top(name, tensor)
             return
         prefix, module, kind = ".".join(parts[:2]), parts[-2], parts[-1]
+        if parts[2] == "moe":
+            self._add_moe(prefix, parts[3:], tensor)
+            return
         if module not in LAYER_MODULES:
             raise ValueError(f"{name}: a weight this architecture's layers do not have")
         if module in self._QKV:
@@ -53,7 +58,41 @@ class WeightSink:
             raise ValueError(f"{name}: a weight this architecture does not have")
         self.state[name] = tensor
 
-    def _collect(self, fused: str, order: tuple[str, ...], part: str, tensor) -> None:
+    def _add_moe(self, prefix: str, rest: list[str], tensor) -> None:
+        """A mixture-of-experts tensor, as MoE holds them: `router.weight`,
+        `router_bias`, stacked `gate_up` [E, 2I, H] and `down` [E, H, I], and a
+        shared expert's `shared_gate_up`/`shared_down`. They arrive per expert
+        (`experts.E.gate_proj.weight`, HF checkpoints), stacked (transformers
+        5's `gate_up`/`down`), or as a GGUF's `gate_exps`/`up_exps` [E, I, H]."""
+        if isinstance(tensor, QuantWeight):   # experts run dense (GGUF blocks only in linears)
+            tensor = tensor.dense().to(device=self.device, dtype=self.dtype)
+        name = f"{prefix}.moe.{'.'.join(rest)}"
+        if rest[0] == "experts":
+            self._experts.setdefault(prefix, {})[rest[2], int(rest[1])] = tensor
+        elif rest[0] == "shared" and rest[1] in self._GATE_UP:
+            self._collect(f"{prefix}.moe.shared_gate_up", self._GATE_UP, rest[1], tensor)
+        elif rest[0] == "shared":
+            self.state[f"{prefix}.moe.shared_down"] = tensor
+        elif rest[0] in ("gate_exps", "up_exps"):
+            self._collect(f"{prefix}.moe.gate_up", ("gate_exps", "up_exps"), rest[0], tensor, dim=1)
+        elif rest[0] == "down_exps":
+            self.state[f"{prefix}.moe.down"] = tensor
+        else:
+            self.state[name] = tensor
+
+    def _stack_experts(self) -> None:
+        for prefix, parts in self._experts.items():
+            n = 1 + max(e for _, e in parts)
+            try:
+                stacked = {kind: torch.stack([parts[kind, e] for e in range(n)])
+                           for kind in ("gate_proj", "up_proj", "down_proj")}
+            except KeyError as missing:
+                raise ValueError(f"{prefix}: expert weight {missing} is missing") from None
+            self.state[f"{prefix}.moe.gate_up"] = torch.cat([stacked["gate_proj"], stacked["up_proj"]], dim=1)
+            self.state[f"{prefix}.moe.down"] = stacked["down_proj"]
+        self._experts.clear()
+
+    def _collect(self, fused: str, order: tuple[str, ...], part: str, tensor, dim: int = 0) -> None:
         parts = self._pending.setdefault(fused, {})
         parts[part] = tensor
         if len(parts) == len(order):
@@ -66,9 +105,10 @@ class WeightSink:
                     return
             # a mix of formats is held dense
             dense = [p.dense() if isinstance(p, QuantWeight) else p for p in ordered]
-            self.state[fused] = torch.cat([d.to(device=self.device, dtype=self.dtype) for d in dense], dim=0)
+            self.state[fused] = torch.cat([d.to(device=self.device, dtype=self.dtype) for d in dense], dim=dim)
 
     def build(self) -> CausalLM:
+        self._stack_experts()
         if self._pending:
             raise ValueError(f"incomplete weights: {sorted(self._pending)}")
         # the biases a checkpoint holds say which layers have them (a GGUF's metadata does not)
@@ -76,6 +116,7 @@ class WeightSink:
         c.attention_bias = c.attention_bias or "layers.0.qkv_proj.bias" in self.state
         c.output_bias = c.output_bias or "layers.0.o_proj.bias" in self.state
         c.mlp_bias = c.mlp_bias or "layers.0.gate_up_proj.bias" in self.state
+        c.qk_norm = c.qk_norm or ("head" if "layers.0.q_norm.weight" in self.state else None)
         if "lm_head.weight" not in self.state:
             self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True

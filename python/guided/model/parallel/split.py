@@ -32,9 +32,11 @@ def check_split(config: ModelConfig, size: int, dtype=None) -> None:
     if config.num_heads % config.num_kv_heads:
         raise ValueError(f"the model's {config.num_heads} attention heads do not group evenly over "
                          f"its {config.num_kv_heads} KV heads")
-    if size > 1 and config.arch.qk_norm == "full":
+    if size > 1 and config.qk_norm == "full":
         raise ValueError(f"{config.architecture} normalises queries and keys over all heads at once; "
                          f"tensor parallelism splits heads over ranks, which is not supported for it yet")
+    if size > 1 and config.moe is not None:
+        raise ValueError(f"{config.architecture}'s mixture-of-experts layers are not split over ranks yet")
     if size > 1 and (config.output_bias or config.mlp_bias):
         raise ValueError(f"{config.architecture} has biases on o_proj or down_proj, which tensor "
                          f"parallelism does not split yet")

@@ -1,0 +1,76 @@
+"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6).
+
+A router scores every expert for every token and keeps the top k; each
+expert is a gated MLP. The experts' weights are held stacked ([E, 2I, H] for
+gate|up, [E, H, I] for down), the (token, expert) pairs of a step are sorted
+by expert, and each expert that got any runs one matmul over all its rows:
+a loop over the experts a step uses, never over tokens.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .architectures import MoEConfig
+
+
+def _meta(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+class MoE(nn.Module):
+    def __init__(self, m: MoEConfig, hidden: int, act):
+        super().__init__()
+        self.config, self.act = m, act
+        self.router = nn.Linear(hidden, m.num_experts, bias=False, device="meta").requires_grad_(False)
+        if m.scoring == "sigmoid":
+            # GLM: added to the scores when choosing experts, not when weighting them
+            self.router_bias = _meta(m.num_experts)
+        self.gate_up = _meta(m.num_experts, 2 * m.intermediate_size, hidden)
+        self.down = _meta(m.num_experts, hidden, m.intermediate_size)
+        if m.shared_intermediate_size:
+            self.shared_gate_up = _meta(2 * m.shared_intermediate_size, hidden)
+            self.shared_down = _meta(hidden, m.shared_intermediate_size)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's experts [T, k] and their weights [T, k] (x's dtype)."""
+        m = self.config
+        if m.scoring == "softmax":
+            probs = self.router(x).softmax(dim=-1, dtype=torch.float32)
+            weights, experts = probs.topk(m.top_k, dim=-1)
+        else:
+            scores = F.linear(x.float(), self.router.weight.float()).sigmoid()
+            choice = scores + self.router_bias.float()
+            if m.num_groups > 1:
+                groups = choice.view(-1, m.num_groups, m.num_experts // m.num_groups)
+                best = groups.topk(2, dim=-1)[0].sum(dim=-1).topk(m.topk_groups, dim=-1)[1]
+                keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)
+                choice = choice.masked_fill(~keep.repeat_interleave(groups.shape[-1], dim=1), float("-inf"))
+            experts = choice.topk(m.top_k, dim=-1)[1]
+            weights = scores.gather(1, experts)
+        if m.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if m.scoring == "sigmoid" else 0))
+        return experts, (weights * m.routed_scaling).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        experts, weights = self.route(x)
+        k = experts.shape[1]
+        order = experts.view(-1).argsort(stable=True)
+        counts = torch.bincount(experts.view(-1), minlength=self.config.num_experts).tolist()
+        tokens = order // k
+        rows = x.index_select(0, tokens)
+        out = torch.empty_like(rows)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                part = rows[start:start + n]
+                gate, up = F.linear(part, self.gate_up[e]).chunk(2, dim=-1)
+                out[start:start + n] = F.linear(self.act(gate) * up, self.down[e])
+                start += n
+        out *= weights.view(-1).index_select(0, order)[:, None]
+        y = torch.zeros_like(x).index_add_(0, tokens, out)
+        if self.config.shared_intermediate_size:
+            gate, up = F.linear(x, self.shared_gate_up).chunk(2, dim=-1)
+            y = y + F.linear(self.act(gate) * up, self.shared_down)
+        return y
