@@ -16,6 +16,7 @@ import torch
 from guided.model import AttentionMetadata, ModelNotFoundError, allocate_kv_cache, load_model
 from guided.model.gguf_file import GGUFFile
 from helpers.prompts import PROMPTS
+from helpers.tiny_models import VOCAB, build
 
 transformers = pytest.importorskip("transformers")
 
@@ -192,71 +193,13 @@ def test_decode_is_batch_invariant(smollm):
 
 # ---------------------------------------------------------------- tiny random HF models
 
-VOCAB = 96
-
-
-def _tiny_tokenizer(directory: str, eos: str) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    vocab = {f"w{i}": i for i in range(VOCAB - 3)}
-    vocab.update({"<unk>": VOCAB - 3, "<s>": VOCAB - 2, eos: VOCAB - 1})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<s>", eos])
-    tok.save(os.path.join(directory, "tokenizer.json"))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": eos, "bos_token": "<s>", "chat_template": "{{ messages[0]['content'] }}"}, f)
-
-
-def _randomise(model: torch.nn.Module) -> None:
-    """Larger weights than HF's init (decisive argmaxes) and non-trivial norms and biases."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.5)
-            else:
-                p.normal_(0, 0.15)
-
-
-def _save_tiny(directory, config, cls, eos_ids) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    _randomise(model)
-    model.save_pretrained(directory)
-    with open(os.path.join(directory, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": eos_ids, "bos_token_id": VOCAB - 2}, f)
-    _tiny_tokenizer(str(directory), "<|end|>")
-    return model
-
-
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-            eos_token_id=5)
-
-
 def _tiny_qwen3(d):
-    cfg = transformers.Qwen3Config(**TINY, tie_word_embeddings=False)
-    return _save_tiny(d, cfg, transformers.Qwen3ForCausalLM, [VOCAB - 1, 7])
+    return build("qwen3", d)
 
 
-def _tiny_qwen2(d):
-    cfg = transformers.Qwen2Config(**TINY, tie_word_embeddings=True)
-    return _save_tiny(d, cfg, transformers.Qwen2ForCausalLM, [VOCAB - 1, 7])
-
-
-def _tiny_llama3(d):
-    # a short original context so llama3 scaling changes frequencies the test positions reach
-    rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-    cfg = transformers.LlamaConfig(**TINY, tie_word_embeddings=True, rope_parameters=rope)
-    return _save_tiny(d, cfg, transformers.LlamaForCausalLM, VOCAB - 1)
-
-
-@pytest.mark.parametrize("build, arch", [(_tiny_qwen3, "qwen3"), (_tiny_qwen2, "qwen2"), (_tiny_llama3, "llama")])
-def test_tiny_hf_model_parity(tmp_path, build, arch):
-    hf = build(tmp_path)
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])  # llama: llama3 RoPE scaling
+def test_tiny_hf_model_parity(tmp_path, arch):
+    hf = build(arch, tmp_path)
     loaded = load_model(str(tmp_path), dtype=torch.float32)
     assert loaded.config.architecture == arch
     gen = torch.Generator().manual_seed(1)

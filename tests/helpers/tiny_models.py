@@ -1,0 +1,180 @@
+"""Tiny random transformers models, one per architecture the engine loads, saved as a
+safetensors directory the way a Hub checkpoint looks (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, generation_config.json).
+
+`ARCHITECTURES[name]()` is the config; `build(name, directory)` saves the randomised model
+there and returns it (eval mode, float32) as the reference. `helpers.gguf_writer.write_gguf`
+turns such a directory into the GGUF llama.cpp's converter would write for it.
+
+Every model: hidden 64, heads 4 of dim 16, vocabulary `VOCAB` (a WordLevel tokenizer of "w0".."w92",
+"<unk>", "<s>", "<|end|>"), 512 positions. Across the set the heads are tied and untied and the
+GQA ratios are 1, 2 and 4.
+
+What transformers 5.23's `save_pretrained` writes (it reverses its load-time renames, so the
+files carry the Hub checkpoints' names, and the loader must read exactly these):
+- MoE experts (qwen3_moe, glm4_moe): one tensor per expert and projection,
+  `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`, as Qwen3-MoE and GLM-4.5 are
+  published, although the live module holds fused 3-D `experts.gate_up_proj` / `experts.down_proj`;
+  router `mlp.gate.weight`, GLM's `mlp.gate.e_score_correction_bias` and `mlp.shared_experts.*`.
+- mistral3: the wrapper's legacy prefixes, `language_model.model.layers.N...`,
+  `language_model.model.{embed_tokens,norm}`, `language_model.lm_head.weight`, beside
+  `vision_tower.*` and `multi_modal_projector.*` (the live module says `model.language_model.*`).
+- phi3: fused `self_attn.qkv_proj.weight` (q, k, v rows) and `mlp.gate_up_proj.weight` (gate, up rows).
+- granitemoehybrid (no experts): `shared_mlp.input_linear.weight` (gate, up rows) and
+  `shared_mlp.output_linear.weight`; config.json says `layer_types: ["full_attention", ...]`
+  where the published Granite 4 configs say "attention" (`hub_layout=True` writes those).
+- ernie4_5: separate q/k/v and gate/up (transformers' own names; the original Baidu
+  checkpoints' fused `qkv_proj` / `up_gate_proj` are not what HF repos publish).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import torch
+import transformers
+
+VOCAB = 96
+
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+            eos_token_id=5)
+
+
+def tiny_tokenizer(directory: str, eos: str) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {f"w{i}": i for i in range(VOCAB - 3)}
+    vocab.update({"<unk>": VOCAB - 3, "<s>": VOCAB - 2, eos: VOCAB - 1})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", eos])
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": eos, "bos_token": "<s>", "chat_template": "{{ messages[0]['content'] }}"}, f)
+
+
+def randomise(model: torch.nn.Module) -> None:
+    """Larger weights than HF's init (decisive argmaxes) and non-trivial norms and biases
+    (MoE routers' score-correction biases, which are buffers, included)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.5)
+            else:
+                p.normal_(0, 0.15)
+        for name, b in model.named_buffers():
+            if name.endswith("correction_bias"):
+                b.normal_(0, 0.5)
+
+
+def save_tiny(directory, config, cls, eos_ids) -> torch.nn.Module:
+    """`cls(config)` (a model class or factory) randomised and saved with its tokenizer files."""
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    randomise(model)
+    model.save_pretrained(directory)
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": eos_ids, "bos_token_id": VOCAB - 2}, f)
+    tiny_tokenizer(str(directory), "<|end|>")
+    return model
+
+
+def _tiny(**over) -> dict:
+    """TINY with overrides, and no pad id (some configs default to 32000, past VOCAB);
+    head_dim=None drops it, for configs that derive it from hidden_size / heads."""
+    config = {**TINY, "pad_token_id": None, **over}
+    if config["head_dim"] is None:
+        del config["head_dim"]
+    return config
+
+
+def _mistral3() -> transformers.PretrainedConfig:
+    vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                              num_attention_heads=2, head_dim=16, image_size=32, patch_size=16)
+    text = transformers.MistralConfig(**_tiny(num_key_value_heads=4, sliding_window=None, tie_word_embeddings=False))
+    return transformers.Mistral3Config(vision_config=vision, text_config=text, tie_word_embeddings=False)
+
+
+# name -> config; the model is AutoModelForCausalLM's for it (mistral3: the conditional-generation
+# wrapper). KV heads 4/2/1 (GQA 1, 2, 4) and tied/untied heads vary across the rows.
+ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
+    # a short original context so llama3 scaling changes frequencies the test positions reach
+    "llama": lambda: transformers.LlamaConfig(**_tiny(tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "qwen2": lambda: transformers.Qwen2Config(**_tiny(tie_word_embeddings=True)),
+    "qwen3": lambda: transformers.Qwen3Config(**_tiny(tie_word_embeddings=False)),
+    "mistral": lambda: transformers.MistralConfig(**_tiny(num_key_value_heads=1, sliding_window=None)),
+    "mistral_swa": lambda: transformers.MistralConfig(**_tiny(num_key_value_heads=1, sliding_window=8)),
+    "mistral3": _mistral3,
+    # partial rotary (12 of 16 dims) and LongRoPE whose original context (32) the tests cross
+    "phi3": lambda: transformers.Phi3Config(**_tiny(head_dim=None, tie_word_embeddings=False,
+        original_max_position_embeddings=32, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 32,
+            "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.5], "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0]})),
+    "granite": lambda: transformers.GraniteConfig(**_tiny(head_dim=None, num_key_value_heads=1,
+        tie_word_embeddings=True, embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5,
+        logits_scaling=2.0)),
+    # a Granite 4 "micro"-style dense model: every layer attention, no experts, RoPE
+    "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(**_tiny(head_dim=None, tie_word_embeddings=True,
+        layer_types=["attention"] * 2, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128,
+        position_embedding_type="rope", mamba_n_heads=8, embedding_multiplier=2.0, attention_multiplier=0.1,
+        residual_multiplier=0.5, logits_scaling=2.0)),
+    # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
+    "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
+        tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),
+    "olmo2": lambda: transformers.Olmo2Config(**_tiny(head_dim=None, num_key_value_heads=4,
+        tie_word_embeddings=False)),
+    "exaone4": lambda: transformers.Exaone4Config(**_tiny(head_dim=None, num_hidden_layers=4, tie_word_embeddings=True,
+        sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"])),
+    "ernie4_5": lambda: transformers.Ernie4_5Config(**_tiny(tie_word_embeddings=True, use_bias=False)),
+    "hunyuan_dense": lambda: transformers.HunYuanDenseV1Config(**_tiny(num_key_value_heads=1, tie_word_embeddings=True,
+        eod_token_id=VOCAB - 1)),
+    # llama.cpp hard-codes the sliding pattern: gemma2 alternates (layer 0 sliding), gemma3 has
+    # every 6th layer global, so six layers; query_pre_attn_scalar = head_dim as llama.cpp assumes
+    "gemma2": lambda: transformers.Gemma2Config(**_tiny(sliding_window=8, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=20.0,
+        final_logit_softcapping=15.0)),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(**_tiny(num_hidden_layers=6, num_key_value_heads=1,
+        sliding_window=8, query_pre_attn_scalar=16, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**_tiny(tie_word_embeddings=False, num_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0], norm_topk_prob=True)),
+    "glm4_moe": lambda: transformers.Glm4MoeConfig(**_tiny(head_dim=None, tie_word_embeddings=False,
+        attention_bias=True, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=64,
+        num_mtp_layers=0, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+}
+
+
+def _model_class(config) -> Callable[[transformers.PretrainedConfig], torch.nn.Module]:
+    if isinstance(config, transformers.Mistral3Config):
+        return transformers.Mistral3ForConditionalGeneration
+    return transformers.AutoModelForCausalLM.from_config
+
+
+def build(arch: str, directory, hub_layout: bool = False) -> torch.nn.Module:
+    """Save the tiny `arch` model in `directory`; return it (eval, float32). Run on input_ids
+    alone, every returned model (mistral3's wrapper too) gives the text logits.
+
+    `hub_layout` rewrites what transformers 5 saves differently from the published
+    checkpoints (today only granitemoehybrid's layer_types, back to "attention"/"mamba")."""
+    config = ARCHITECTURES[arch]()
+    model = save_tiny(directory, config, _model_class(config), [VOCAB - 1, 7])
+    if hub_layout:
+        path = os.path.join(directory, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        if "layer_types" in saved and saved.get("model_type") == "granitemoehybrid":
+            legacy = {"full_attention": "attention", "linear_attention": "mamba"}
+            saved["layer_types"] = [legacy.get(t, t) for t in saved["layer_types"]]
+            with open(path, "w") as f:
+                json.dump(saved, f, indent=2)
+    return model.float().eval()
