@@ -76,10 +76,13 @@ _SPECIAL_MARKER = b"\xff"  # llguidance's prefix for special tokens
 
 def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
     """The bytes each token id stands for, as llguidance wants them: byte-level
-    BPE pieces decoded to raw bytes; added tokens as b"\\xff" + their text
-    (grammars name them by id, text never produces them: rule 7). Ids with no
-    token get b"" (never allowed)."""
-    inverse = _byte_level_alphabet()
+    BPE pieces decoded to raw bytes, SentencePiece pieces with "▁" as a space
+    and <0xAB> as that byte; special added tokens as b"\\xff" + their text
+    (grammars name them by id, text never produces them: rule 7), other added
+    tokens (Gemma's runs of newlines) as their text. Ids with no token get b""
+    (never allowed)."""
+    piece_bytes = _sentencepiece_bytes if getattr(tokenizer.model, "byte_fallback", False) \
+        else _byte_level_bytes(_byte_level_alphabet())
     added = tokenizer.get_added_tokens_decoder()
     out = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
     for piece, tid in tokenizer.get_vocab(with_added_tokens=True).items():
@@ -87,12 +90,24 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             out.extend([b""] * (tid + 1 - len(out)))
         tok = added.get(tid)
         if tok is not None:
-            out[tid] = _SPECIAL_MARKER + tok.content.encode()
-        elif all(c in inverse for c in piece):
-            out[tid] = bytes(inverse[c] for c in piece)
-        else:  # not byte-level (should not happen for our models): take the text
-            out[tid] = piece.encode()
+            out[tid] = (_SPECIAL_MARKER if tok.special else b"") + tok.content.encode()
+        else:
+            out[tid] = piece_bytes(piece)
     return out
+
+
+def _byte_level_bytes(inverse: dict[str, int]):
+    def piece_bytes(piece: str) -> bytes:
+        if all(c in inverse for c in piece):
+            return bytes(inverse[c] for c in piece)
+        return piece.encode()   # not byte-level (should not happen for our models): take the text
+    return piece_bytes
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("\u2581", " ").encode()
 
 
 def plain_encoder(tokenizer: Tokenizer):

@@ -25,7 +25,7 @@ What each field means:
 - ``read_hf`` / ``read_gguf``: the architecture's own numbers (multipliers,
   soft-caps, which layers rotate) as ModelConfig fields; ``read_hf`` gets the
   config.json and the fields read so far, ``read_gguf`` a getter of the
-  architecture's metadata keys.
+  architecture's metadata keys and the fields read so far.
 
 Out of scope, and what each would need: recurrent layers (Mamba2 in Granite
 4.0-H, LFM2's short convolutions, Qwen3.5's Gated DeltaNet) need a
@@ -77,8 +77,11 @@ class Architecture:
     interleaved_rope: bool = False
     gguf_permuted_qk: bool = False
     sliding_everywhere: bool = False
+    #: llama.cpp names whose role differs for this architecture (GLM-4.5's MLP input norm is its
+    #: "post_attention_norm"), as (the usual role, this architecture's role)
+    gguf_roles: tuple[tuple[str, str], ...] = ()
     read_hf: Callable[[dict, dict], dict[str, Any]] = _none
-    read_gguf: Callable[[Callable], dict[str, Any]] = _none
+    read_gguf: Callable[[Callable, dict], dict[str, Any]] = _none
 
 
 # ---------------------------------------------------------------- the architectures' own numbers
@@ -95,7 +98,7 @@ def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
             "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None}
 
 
-def _granite_gguf(get) -> dict[str, Any]:
+def _granite_gguf(get, base: dict) -> dict[str, Any]:
     return {"embedding_multiplier": float(get("embedding_scale", 1.0)),
             "attention_scale": float(get("attention.scale", 1.0)),
             "residual_multiplier": float(get("residual_scale", 1.0)),
@@ -108,7 +111,7 @@ def _smollm3_hf(cfg: dict, base: dict) -> dict[str, Any]:
     return {"rope_layers": tuple("global" if f else None for f in flags)}
 
 
-def _smollm3_gguf(get) -> dict[str, Any]:
+def _smollm3_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every fourth layer has no rotation
     n, step = int(get("block_count")), int(get("no_rope_layer_step", 4))
     return {"rope_layers": tuple(None if (i + 1) % step == 0 else "global" for i in range(n))}
@@ -120,6 +123,14 @@ def _exaone4_hf(cfg: dict, base: dict) -> dict[str, Any]:
         return {}
     types = cfg.get("layer_types") or ()
     return {"rope_layers": tuple("global" if t == "sliding_attention" else None for t in types) or None}
+
+
+def _exaone4_gguf(get, base: dict) -> dict[str, Any]:
+    pattern = get("attention.sliding_window_pattern")
+    if not base["sliding_window"] or not pattern:
+        return {}
+    return {"layer_types": tuple("sliding" if p else "full" for p in pattern),
+            "rope_layers": tuple("global" if p else None for p in pattern)}
 
 
 def _hunyuan_hf(cfg: dict, base: dict) -> dict[str, Any]:
@@ -146,23 +157,24 @@ def _gemma_hf(cfg: dict, base: dict) -> dict[str, Any]:
                                  for t in types) or None}
 
 
-def _gemma2_gguf(get) -> dict[str, Any]:
+def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every other layer slides, the first among them
     n = int(get("block_count"))
-    return {**_gemma_gguf(get), "layer_types": tuple("sliding" if i % 2 == 0 else "full" for i in range(n))}
+    return {**_gemma_gguf(get, base), "layer_types": tuple("sliding" if i % 2 == 0 else "full" for i in range(n))}
 
 
-def _gemma3_gguf(get) -> dict[str, Any]:
-    # llama.cpp: five sliding layers, then a full one; the sliding layers rotate with base 10,000
+def _gemma3_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp: five sliding layers, then a full one; the sliding layers rotate with their own base
     n = int(get("block_count"))
     types = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(n))
-    return {**_gemma_gguf(get), "layer_types": types, "local_rope_theta": 10000.0,
+    return {**_gemma_gguf(get, base), "layer_types": types,
+            "local_rope_theta": float(get("rope.freq_base_swa", 10000.0)),
             "rope_layers": tuple("local" if t == "sliding" else "global" for t in types)}
 
 
-def _gemma_gguf(get) -> dict[str, Any]:
-    hidden, key = int(get("embedding_length")), int(get("attention.key_length"))
-    return {"embedding_multiplier": math.sqrt(hidden), "attention_scale": key ** -0.5,
+def _gemma_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp scales queries by head_dim ** -0.5 (its converter keeps no query_pre_attn_scalar)
+    return {"embedding_multiplier": math.sqrt(base["hidden_size"]), "attention_scale": base["head_dim"] ** -0.5,
             "attn_softcap": get("attn_logit_softcapping"), "final_softcap": get("final_logit_softcapping")}
 
 
@@ -187,13 +199,13 @@ def _glm4_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
             "qk_norm": "head" if cfg.get("use_qk_norm") else None}
 
 
-def _qwen3_moe_gguf(get) -> dict[str, Any]:
+def _qwen3_moe_gguf(get, base: dict) -> dict[str, Any]:
     n = int(get("block_count"))
     return {"moe": MoEConfig(int(get("expert_count")), int(get("expert_used_count")),
                              int(get("expert_feed_forward_length")), dense_layers=(False,) * n)}
 
 
-def _glm4_moe_gguf(get) -> dict[str, Any]:
+def _glm4_moe_gguf(get, base: dict) -> dict[str, Any]:
     # the file also holds the multi-token-prediction layer(s) after the last one: not run
     n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
     first, shared = int(get("leading_dense_block_count", 0)), int(get("expert_shared_count", 0))
@@ -225,13 +237,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  read_hf=_smollm3_hf, read_gguf=_smollm3_gguf),
     Architecture("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), norms="post", qk_norm="full"),
     Architecture("exaone4", ("Exaone4ForCausalLM",), ("exaone4",), norms="post", qk_norm="head",
-                 read_hf=_exaone4_hf),
+                 read_hf=_exaone4_hf, read_gguf=_exaone4_gguf),
     Architecture("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), interleaved_rope=True),
     Architecture("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan-dense",), qk_norm="head",
                  qk_norm_after_rope=True, read_hf=_hunyuan_hf),
     Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), qk_norm="head",
                  read_hf=_qwen3_moe_hf, read_gguf=_qwen3_moe_gguf),
     Architecture("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4moe",), output_bias=False,
+                 gguf_roles=(("attn_post_norm", "mlp_norm"),),
                  read_hf=_glm4_moe_hf, read_gguf=_glm4_moe_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),

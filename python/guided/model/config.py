@@ -123,9 +123,15 @@ class ModelConfig:
 
         heads = get("attention.head_count")
         hidden = get("embedding_length")
-        head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+        head_dim = get("attention.key_length") or hidden // heads
         vocab = get("vocab_size") or len(md["tokenizer.ggml.tokens"])
         window = get("attention.sliding_window")
+        kv_heads = get("attention.head_count_kv") or heads
+        if isinstance(kv_heads, (list, tuple)):   # per layer (Granite 4): all attention layers alike
+            if len(set(kv_heads)) != 1:
+                raise ValueError(f"{name}: layers with different KV head counts {sorted(set(kv_heads))} "
+                                 f"(recurrent layers) are not supported")
+            kv_heads = kv_heads[0]
         fields = dict(
             architecture=arch.name,
             qk_norm=arch.qk_norm,     # or the loader's, where the file holds q/k norms
@@ -134,7 +140,7 @@ class ModelConfig:
             intermediate_size=int(get("feed_forward_length")),
             num_layers=int(get("block_count")),
             num_heads=int(heads),
-            num_kv_heads=int(get("attention.head_count_kv") or heads),
+            num_kv_heads=int(kv_heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(get("rope.freq_base", 10000.0)),
@@ -148,7 +154,7 @@ class ModelConfig:
             layer_types=("sliding",) * int(get("block_count")) if window and arch.sliding_everywhere else None,
             sliding_window=int(window) if window else None,
         )
-        fields.update({k: v for k, v in arch.read_gguf(get).items() if v is not None})
+        fields.update({k: v for k, v in arch.read_gguf(get, fields).items() if v is not None})
         if "sliding" not in (fields["layer_types"] or ()):
             fields["sliding_window"] = None
         return cls(**fields)

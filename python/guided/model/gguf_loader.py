@@ -1,6 +1,8 @@
 """Loading a .gguf file: config from metadata, dequantised weights, tokenizer, template."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -65,6 +67,7 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     freq_factors = None
     # Q/K rows that rotate in pairs: llama.cpp's converter interleaved them, or the model was made so
     permuted = config.arch.gguf_permuted_qk or config.arch.interleaved_rope
+    _from_tensors(config, md, {info.name: info for info in gguf.tensors}, gguf)
     for info in tqdm(gguf.tensors, desc="loading weights", unit="tensor", leave=False):
         if info.name == "rope_freqs.weight":
             freq_factors = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
@@ -72,6 +75,8 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
         name = our_name(info.name)
         if name is None or _layer(name) >= config.num_layers:   # past the last: GLM's prediction layer
             continue
+        for usual, role in config.arch.gguf_roles:
+            name = name.replace(f".{usual}.", f".{role}.")
         if name.endswith("up_proj.weight") and info.shape[0] == 2 * config.intermediate_size:
             name = name.replace("up_proj", "gate_up_proj")   # Phi-3's gate and up, fused as in its checkpoint
         keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
@@ -89,6 +94,24 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     model = sink.build()
     model.init_rotary(device, dtype, freq_factors)
     return config, model, md
+
+
+def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo], gguf: GGUFFile) -> None:
+    """What a GGUF says with tensors rather than metadata: which layers are
+    mixture-of-experts (Qwen3-MoE's mlp_only_layers, GLM's dense first layers),
+    and Phi-3's LongRoPE factors."""
+    if config.moe is not None:
+        dense = tuple(f"blk.{i}.ffn_gate_inp.weight" not in tensors for i in range(config.num_layers))
+        config.moe = replace(config.moe, dense_layers=dense)
+    if "rope_factors_long.weight" in tensors:
+        arch = md["general.architecture"]
+        factors = {k: np.array(gguf.read(tensors[f"rope_factors_{k}.weight"]), dtype=np.float32).tolist()
+                   for k in ("long", "short")}
+        config.rope_scaling = {
+            "rope_type": "longrope", "long_factor": factors["long"], "short_factor": factors["short"],
+            "original_max_position_embeddings": md[f"{arch}.rope.scaling.original_context_length"],
+            "max_position_embeddings": config.max_position_embeddings,
+            "attention_factor": md.get(f"{arch}.rope.scaling.attn_factor")}
 
 
 # the weights a QuantLinear can hold: every projection, the output head and the (tied) embeddings
