@@ -19,10 +19,13 @@ from typing import Mapping
 from tokenizers import Tokenizer
 
 # Added tokens that end generation in the families we know, whether or not
-# the model's metadata lists them (rule 1: end of sequence is a set).
+# the model's metadata lists them (rule 1: end of sequence is a set). Not
+# "</s>": where it ends a turn (Llama 2, Mistral) the model declares it, and
+# in Gemma's vocabulary it is an HTML tag the model writes (llama.cpp's list
+# leaves it out too).
 KNOWN_END_TEXTS = frozenset({
     "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
-    "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>", "</s>",
+    "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
 })
 
 # Markers no tool-call format writes: text → the role other modules ask
