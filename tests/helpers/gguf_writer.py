@@ -12,7 +12,10 @@ One `Arch` row per HF model_type says what differs from the plain TextModel path
 - `norm_shift`: Gemma's (1 + w) RMSNorm weights are written with the 1 added;
 - `split_qkv`: ERNIE's fused qkv_proj / up_gate_proj are split (phi3 keeps attn_qkv and a
   double-height ffn_up, as llama.cpp's phi3 graph reads them);
-- `skip_lm_head`: Gemma 2 never writes output.weight; HunYuan skips it when tied.
+- `skip_lm_head`: Gemma 2 never writes output.weight; HunYuan skips it when tied;
+- `modify`: the converter class's own modify_tensors (gpt-oss: transformers' [E, in, out]
+  experts transposed and their interleaved gate/up columns split, biases likewise, sinks
+  named `.weight`).
 Common to all: wrapper prefixes are stripped and vision/projector tensors dropped, MoE
 experts are stacked into 3-D `ffn_{gate,up,down}_exps` (from per-expert tensors or from
 transformers 5's fused gate_up_proj/down_proj), GLM's e_score_correction_bias becomes
@@ -21,7 +24,9 @@ gets its rope_freqs tensor and LongRoPE its rope_factors_{long,short}.
 
 Tensor types as the converter's prepare_tensors: 1-D tensors, norms, biases and the MoE
 router (ffn_gate_inp) stay F32; the rest take `qtype`, and a row length Q8_0 cannot block
-(not a multiple of 32) falls back to F16 as the converter does.
+(not a multiple of 32) falls back to F16 as the converter does. "MXFP4_MOE" writes the
+experts' matrices in MXFP4, as the converter repacks gpt-oss's Hub blocks (here quantized from
+the float experts by gguf's MXFP4 quantizer: the same block layout and values) and the rest F32.
 
 The tokenizer section is what the engine's reader needs: byte-level "gpt2" model with
 pre "default" (the converter would stop at the tiny vocabulary's unknown pre-tokenizer hash),
@@ -58,7 +63,8 @@ from safetensors import safe_open
 
 T = gguf.MODEL_TENSOR
 _QTYPES = {"F32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
-           "Q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+           "Q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+           "MXFP4_MOE": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.MOSTLY_MXFP4_MOE)}
 
 
 # ---------------------------------------------------------------- hparams
@@ -293,6 +299,36 @@ def _gemma3(w, h):
     w.add_head_count_kv(c.get("num_key_value_heads", 4))
 
 
+def _gpt_oss(w, h):
+    """GptOssModel: the base keys (YaRN's among them), the window, the experts' width."""
+    _base(w, h)
+    w.add_sliding_window(h.c["sliding_window"])
+    w.add_expert_feed_forward_length(h.c["intermediate_size"])
+    w.add_expert_count(h.find("num_local_experts", "num_experts"))
+    w.add_expert_used_count(h.find("num_experts_per_tok"))
+
+
+def _gpt_oss_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """GptOssModel.filter_tensors / modify_tensors for unquantized experts (what transformers
+    saves): gate/up alternate in the last dimension of gate_up_proj [E, H, 2I] and its bias."""
+    if name.endswith("self_attn.sinks"):
+        yield name + ".weight", t
+    elif name.endswith("mlp.experts.gate_up_proj_bias"):
+        stem = name.removesuffix("gate_up_proj_bias")
+        yield stem + "gate_proj.bias", t[..., ::2].contiguous()
+        yield stem + "up_proj.bias", t[..., 1::2].contiguous()
+    elif name.endswith("mlp.experts.gate_up_proj"):
+        stem, t = name.removesuffix("gate_up_proj"), t.transpose(-1, -2)
+        yield stem + "gate_proj.weight", t[:, ::2, :].contiguous()
+        yield stem + "up_proj.weight", t[:, 1::2, :].contiguous()
+    elif name.endswith("mlp.experts.down_proj_bias"):
+        yield name.replace("down_proj_bias", "down_proj.bias"), t
+    elif name.endswith("mlp.experts.down_proj"):
+        yield name + ".weight", t.transpose(-1, -2).contiguous()
+    else:
+        yield name, t
+
+
 def _glm4_moe(w, h):
     c = h.c
     _base(w, h)
@@ -354,6 +390,7 @@ class Arch:
     split_qkv: bool = False
     skip_lm_head: str | None = None          # "always" | "tied"
     extra: Callable[[HParams], Iterable[tuple[str, torch.Tensor]]] = _llama3_rope_freqs
+    modify: Callable[[str, torch.Tensor, HParams], Iterable[tuple[str, torch.Tensor]]] | None = None
 
 
 ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
@@ -374,6 +411,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "gemma3_text": Arch("gemma3", _gemma3, norm_shift=1.0),
     "qwen3_moe": Arch("qwen3moe", _qwen_moe),
     "glm4_moe": Arch("glm4moe", _glm4_moe),
+    "gpt_oss": Arch("gpt-oss", _gpt_oss, modify=_gpt_oss_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
@@ -451,7 +489,8 @@ def _hf_tensors(hf_dir: str, arch: Arch, h: HParams) -> Iterator[tuple[str, torc
             t = _permute(t, n_kv)
         if arch.norm_shift and name.endswith("norm.weight"):
             t = t + arch.norm_shift
-        for name, t in _split(name, t, arch, h):
+        modified = arch.modify(name, t, h) if arch.modify else [(name, t)]
+        for name, t in (part for n, x in modified for part in _split(n, x, arch, h)):
             parts = name.split(".")
             if "experts" in parts and parts[parts.index("experts") + 1].isdecimal():
                 i = parts.index("experts")
@@ -477,8 +516,12 @@ def _gguf_name(name: str, maps: list[gguf.TensorNameMap]) -> str:
     raise ValueError(f"cannot map tensor {name!r}")
 
 
-def _to_file_type(new_name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationType):
-    """prepare_tensors' type rule: returns (bytes-or-array, type)."""
+def _to_file_type(new_name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationType,
+                  experts: gguf.GGMLQuantizationType | None = None):
+    """prepare_tensors' type rule: returns (bytes-or-array, type). `experts`: the type of the
+    MoE experts' matrices (*_exps.weight) where it differs (gpt-oss's MXFP4)."""
+    if experts is not None and new_name.endswith("_exps.weight"):
+        return gguf.quants.quantize(data, experts), experts
     router = ".ffn_gate_inp." in new_name
     if data.ndim <= 1 or new_name.endswith("_norm.weight") or not new_name.endswith(".weight") or router:
         qtype = gguf.GGMLQuantizationType.F32
@@ -554,7 +597,8 @@ def _tokenizer(w: gguf.GGUFWriter, h: HParams) -> None:
 
 def write_gguf(hf_dir, path, qtype: str = "F32") -> str:
     """Write `path` from the transformers directory `hf_dir` as llama.cpp's converter would
-    for its architecture, weights in `qtype` ("F32" or "Q8_0"); returns `path`."""
+    for its architecture, weights in `qtype` ("F32" or "Q8_0"; "MXFP4_MOE": the experts in
+    MXFP4, the rest F32); returns `path`."""
     hf_dir, path = str(hf_dir), str(path)
     ggml_type, ftype = _QTYPES[qtype]
     h = HParams(hf_dir, ftype)
@@ -576,7 +620,8 @@ def write_gguf(hf_dir, path, qtype: str = "F32") -> str:
 
     tensors = list(arch.extra(h)) + [(_gguf_name(n, maps), t) for n, t in _hf_tensors(hf_dir, arch, h)]
     for new_name, t in tensors:
-        data, typ = _to_file_type(new_name, t.numpy(), ggml_type)
+        data, typ = _to_file_type(new_name, t.numpy(), ggml_type,
+                                  gguf.GGMLQuantizationType.MXFP4 if qtype == "MXFP4_MOE" else None)
         w.add_tensor(new_name, data, raw_dtype=typ)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -23,6 +23,10 @@ files carry the Hub checkpoints' names, and the loader must read exactly these):
 - granitemoehybrid (no experts): `shared_mlp.input_linear.weight` (gate, up rows) and
   `shared_mlp.output_linear.weight`; config.json says `layer_types: ["full_attention", ...]`
   where the published Granite 4 configs say "attention" (`hub_layout=True` writes those).
+- gpt_oss: the experts stacked as the live module holds them, `mlp.experts.gate_up_proj`
+  [E, H, 2I] (gate and up in alternate columns), `gate_up_proj_bias` [E, 2I], `down_proj`
+  [E, I, H], `down_proj_bias` [E, H]; router `mlp.router.{weight,bias}`; `self_attn.sinks` [heads].
+  Not the Hub's MXFP4 `*_blocks`/`*_scales` (tests/model/test_architectures.py builds those).
 - ernie4_5: separate q/k/v and gate/up (transformers' own names; the original Baidu
   checkpoints' fused `qkv_proj` / `up_gate_proj` are not what HF repos publish).
 """
@@ -151,6 +155,14 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         num_mtp_layers=0, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         norm_topk_prob=True, use_qk_norm=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # attention sinks, every other layer sliding (llama.cpp's fixed gpt-oss pattern), biases everywhere,
+    # YaRN over an original context of 32 (truncate left at transformers' default, True, which is what
+    # ggml computes; the Hub's false is tested on its own); transformers runs it eagerly (no SDPA)
+    "gpt_oss": lambda: transformers.GptOssConfig(**_tiny(num_hidden_layers=4, intermediate_size=64,
+        tie_word_embeddings=False, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+        num_local_experts=8, num_experts_per_tok=2, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0, "beta_fast": 8.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 32})),
 }
 
 

@@ -14,6 +14,11 @@ and Q8_0, helpers/gguf_writer.py). transformers' forward is the reference:
 - a Q8_0 GGUF against transformers running the same weights rounded through
   Q8_0 (the blocks lie along each row, so rounding the checkpoint's tensors
   equals the GGUF's);
+- gpt-oss's parts: MXFP4 blocks against known values and transformers'
+  dequantization; the Hub's MXFP4 `*_blocks`/`*_scales` experts and a GGUF
+  with MXFP4 experts against transformers with its experts rounded alike;
+  YaRN's frequencies against transformers' (truncated or not, as gpt-oss's
+  config says); the clamped SwiGLU past its limit;
 - tensor parallelism over two ranks equal to one (a sliding-window,
   soft-capped architecture; the dense case is tests/model/test_tensor_parallel.py),
   and a clear refusal where an architecture cannot be split.
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -101,17 +108,125 @@ def test_gguf_matches_transformers(arch, qtype, tiny, tmp_path):
     _assert_matches(loaded, hf, prompts, greedy, arch)
 
 
-def _rounded_through_q8_0(hf):
-    """A copy of `hf` whose matrices went through Q8_0 and back, as the writer
-    stores them (norms, biases, routers and other vectors stay float32)."""
+#: transformers parameters held [.., in, out] (gpt-oss's experts, not Qwen3-MoE's or GLM's of the
+#: same names): GGUF rows run along their dim -2
+_TRANSPOSED = ("experts.gate_up_proj", "experts.down_proj")
+_TRANSPOSED_IN = {"gpt_oss"}
+
+
+def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
+    """A copy of `hf` whose matrices went through `qtype` and back along the GGUF's rows,
+    as the writer stores them (norms, biases, routers and other vectors stay float32);
+    `names`: only the parameters whose names end so."""
     rounded = copy.deepcopy(hf)
+    transposed = hf.config.model_type in _TRANSPOSED_IN
     with torch.no_grad():
         for name, p in rounded.named_parameters():
-            if p.dim() < 2 or p.shape[-1] % 32 or name.endswith("mlp.gate.weight"):
+            rows = p.transpose(-1, -2) if transposed and name.endswith(_TRANSPOSED) else p
+            if p.dim() < 2 or rows.shape[-1] % 32 or name.endswith(("mlp.gate.weight", "mlp.router.weight", "_bias")):
                 continue
-            q = gguf.quants.quantize(p.numpy(), gguf.GGMLQuantizationType.Q8_0)
-            p.copy_(torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
+            if names is not None and not name.endswith(names):
+                continue
+            q = gguf.quants.quantize(rows.contiguous().numpy(), qtype)
+            rows.copy_(torch.from_numpy(gguf.quants.dequantize(q, qtype)))
     return rounded
+
+
+def _rounded_through_q8_0(hf):
+    return _rounded_through(hf, gguf.GGMLQuantizationType.Q8_0)
+
+
+# ---------------------------------------------------------------- gpt-oss's parts
+
+def _hub_mxfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[.., out, in] floats as a Hub checkpoint stores gpt-oss's experts: `_blocks` [.., out, in/32, 16]
+    (two E2M1 codes a byte, the first in the low nibble) and `_scales` [.., out, in/32] (E8M0), the
+    values those of gguf's MXFP4 quantizer, whose blocks (scale byte, then byte j holding codes j
+    and j + 16) are repacked code by code."""
+    q = gguf.quants.quantize(rows.contiguous().numpy(), gguf.GGMLQuantizationType.MXFP4)
+    q = torch.from_numpy(q.reshape(*rows.shape[:-1], rows.shape[-1] // 32, 17))
+    qs = q[..., 1:]
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)           # element order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous(), q[..., 0].contiguous()
+
+
+def test_mxfp4_blocks_dequantize_to_their_values():
+    from guided.model.mxfp4 import dequantize_mxfp4
+    # E2M1 by code: 0, 0.5, 1, 1.5, 2, 3, 4, 6, then the same negated (sign bit 3)
+    value = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    codes = list(range(16)) + [1, 9, 7, 15, 0, 8, 3, 11, 2, 10, 4, 12, 5, 13, 6, 14]
+    block = [codes[2 * j] | (codes[2 * j + 1] << 4) for j in range(16)]
+    scales = [127, 130, 118, 255]    # ×1, ×8, ×2^-9, NaN
+    blocks = torch.tensor([[block] * 4], dtype=torch.uint8)                      # [1, 4, 16]
+    out = dequantize_mxfp4(blocks, torch.tensor([scales], dtype=torch.uint8))
+    assert out.shape == (1, 128)
+    for g, s in enumerate(scales[:3]):
+        want = torch.tensor([value[c] * 2.0 ** (s - 127) for c in codes])
+        assert torch.equal(out[0, 32 * g:32 * (g + 1)], want)
+        assert torch.equal(torch.signbit(out[0, 32 * g:32 * (g + 1)]), torch.signbit(want))   # -0.0 kept
+    assert out[0, 96:].isnan().all()
+    assert torch.equal(dequantize_mxfp4(blocks, torch.tensor([scales], dtype=torch.uint8), torch.bfloat16)[0, :96],
+                       out[0, :96].bfloat16())
+    # transformers' dequantization of random blocks ([E, out, G, 16] → its [E, in, out])
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 8, 2, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(100, 150, (3, 8, 2), generator=gen, dtype=torch.uint8)
+    assert torch.equal(dequantize_mxfp4(blocks, scales).transpose(1, 2),
+                       convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+
+
+def test_gpt_oss_mxfp4_experts_from_a_hub_checkpoint_and_a_gguf(tiny, tmp_path):
+    """The Hub's MXFP4 `*_blocks`/`*_scales` experts, and a GGUF whose experts are MXFP4
+    (llama.cpp's converter keeps them so): transformers with the experts rounded alike."""
+    from safetensors.torch import load_file, save_file
+    directory, hf, prompts, _ = tiny("gpt_oss")
+    rounded = _rounded_through(hf, gguf.GGMLQuantizationType.MXFP4, names=_TRANSPOSED)
+    greedy = hf_greedy(rounded, prompts[-1], 32)
+    hub = tmp_path / "hub"
+    shutil.copytree(directory, hub)
+    tensors = load_file(hub / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(_TRANSPOSED)]:
+        rows = tensors.pop(name).transpose(-1, -2)      # [E, out, in], as the Hub stores them
+        tensors[name + "_blocks"], tensors[name + "_scales"] = _hub_mxfp4(rows)
+    save_file(tensors, hub / "model.safetensors", metadata={"format": "pt"})
+    gguf_path = write_gguf(directory, tmp_path / "gpt_oss-MXFP4_MOE.gguf", "MXFP4_MOE")
+    for path in (str(hub), gguf_path):
+        loaded = load_model(path, dtype=torch.float32)
+        for ids in prompts:
+            with torch.no_grad():
+                ref = rounded(torch.tensor([ids])).logits[0, -1]
+            ours = last_logits(loaded.model, loaded.config, ids)
+            assert ((ours - ref).abs().max() / ref.abs().max()).item() < 1e-4, (path, len(ids))
+        assert PagedRunner(loaded.model, loaded.config).greedy(prompts[-1], 32, chunk=16) == greedy, path
+
+
+@pytest.mark.parametrize("rope", [
+    # gpt-oss-20b/120b's own (truncate false), then transformers' default rounding, a given
+    # attention factor, DeepSeek's mscale pair
+    dict(rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+         original_max_position_embeddings=4096),
+    dict(rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=4096),
+    dict(rope_theta=10000.0, factor=4.0, attention_factor=0.9, original_max_position_embeddings=1024),
+    dict(rope_theta=10000.0, factor=40.0, mscale=1.0, mscale_all_dim=0.707, original_max_position_embeddings=4096),
+])
+def test_yarn_frequencies_equal_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from guided.model.config import ModelConfig
+    from guided.model.rope import inverse_frequencies
+    hf = transformers.GptOssConfig(head_dim=64, num_hidden_layers=2, max_position_embeddings=131072,
+                                   rope_parameters={"rope_type": "yarn", **rope})
+    want, want_scale = ROPE_INIT_FUNCTIONS["yarn"](hf)
+    got, scale = inverse_frequencies(ModelConfig.from_hf(hf.to_dict()))
+    assert torch.allclose(got, want, rtol=1e-6, atol=0) and math.isclose(scale, want_scale, rel_tol=1e-12)
+
+
+def test_the_clamped_swiglu_equals_transformers():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+    from guided.model.decoder import swiglu_oai
+    experts = GptOssExperts(transformers.GptOssConfig(hidden_size=8, intermediate_size=16, num_local_experts=1))
+    gate_up = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 10   # far past the limit 7
+    assert torch.equal(swiglu_oai(gate_up[:, 0::2], gate_up[:, 1::2], 1.702, 7.0), experts._apply_gate(gate_up))
 
 
 def test_every_architecture_is_covered_by_the_tiny_models():
@@ -149,7 +264,7 @@ def test_a_sliding_soft_capped_model_over_two_ranks_equals_one(tiny):
         llm.close()
 
 
-@pytest.mark.parametrize("arch, message", [("qwen3_moe", "mixture-of-experts"),
+@pytest.mark.parametrize("arch, message", [("qwen3_moe", "mixture-of-experts"), ("gpt_oss", "mixture-of-experts"),
                                            ("olmo2", "over all heads")])
 def test_what_tensor_parallelism_cannot_split_is_refused_by_name(arch, message, tiny):
     directory = tiny(arch)[0]
@@ -183,6 +298,13 @@ def test_gemma3_greedy_equals_transformers_on_the_same_gguf(gemma, gemma3_gguf):
     outs = gemma.generate(prompts, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True), use_tqdm=False)
     for ids, out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == hf_greedy(hf, ids, 48)
+
+
+def test_gemma3_ends_where_llama_cpp_does(gemma):
+    special = gemma.engine.special
+    ends = {special.text(i) for i in special.end_ids}
+    # <eos> declared, <end_of_turn> known; "</s>" is one of its HTML tags, which it writes
+    assert ends == {"<eos>", "<end_of_turn>"}, ends
 
 
 def test_gemma3_answers_the_readme_prompts(gemma):

@@ -22,6 +22,16 @@ What each field means:
   LlamaModel subclasses); the GGUF loader undoes it.
 - ``sliding_everywhere``: a ``sliding_window`` without ``layer_types``
   applies to every layer (Mistral, Phi-3).
+- ``activation``: the gated MLP's f(gate, up): "silu" (f = silu(gate)·up),
+  "gelu_tanh" (Gemma), or "swiglu_oai" (gpt-oss: gate clamped above and up
+  on both sides at ModelConfig.swiglu_limit, then (up + 1)·gate·σ(α·gate)).
+- ``sinks``: each head has a learned logit that joins its attention
+  softmax and is dropped after (gpt-oss's attention sinks): a per-layer
+  parameter ``sinks`` [heads]; those layers attend in plain torch.
+- ``hf_experts``: how transformers' stacked expert tensors are laid out:
+  "concat" ([E, 2I, H], gate rows then up rows: Qwen3-MoE, GLM) or
+  "interleaved" (gpt-oss: [E, H, 2I] with gate and up in alternate columns,
+  down [E, I, H]); the HF loader turns them into ours.
 - ``read_hf`` / ``read_gguf``: the architecture's own numbers (multipliers,
   soft-caps, which layers rotate) as ModelConfig fields; ``read_hf`` gets the
   config.json and the fields read so far, ``read_gguf`` a getter of the
@@ -47,7 +57,8 @@ class MoEConfig:
     num_experts: int
     top_k: int
     intermediate_size: int
-    #: "softmax" (Qwen3-MoE) or "sigmoid" with a selection bias (GLM-4.5)
+    #: "softmax" (Qwen3-MoE: a softmax over all experts, then the top k), "sigmoid" with a
+    #: selection bias (GLM-4.5), or "softmax_topk" (gpt-oss: the top k logits, then a softmax over them)
     scoring: str = "softmax"
     norm_topk_prob: bool = True
     routed_scaling: float = 1.0
@@ -56,6 +67,8 @@ class MoEConfig:
     shared_intermediate_size: int = 0
     #: per layer, whether it is a dense MLP instead (GLM's first layers, Qwen3-MoE's mlp_only_layers)
     dense_layers: tuple[bool, ...] = ()
+    router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
+    expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
 
 
 def _none(*_) -> dict[str, Any]:
@@ -77,6 +90,8 @@ class Architecture:
     interleaved_rope: bool = False
     gguf_permuted_qk: bool = False
     sliding_everywhere: bool = False
+    sinks: bool = False
+    hf_experts: str = "concat"
     #: llama.cpp names whose role differs for this architecture (GLM-4.5's MLP input norm is its
     #: "post_attention_norm"), as (the usual role, this architecture's role)
     gguf_roles: tuple[tuple[str, str], ...] = ()
@@ -157,10 +172,15 @@ def _gemma_hf(cfg: dict, base: dict) -> dict[str, Any]:
                                  for t in types) or None}
 
 
+def _alternating(n: int) -> tuple[str, ...]:
+    """Every other layer slides, the first among them (gpt-oss, and llama.cpp's gemma2)."""
+    return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
+
+
 def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every other layer slides, the first among them
     n = int(get("block_count"))
-    return {**_gemma_gguf(get, base), "layer_types": tuple("sliding" if i % 2 == 0 else "full" for i in range(n))}
+    return {**_gemma_gguf(get, base), "layer_types": _alternating(n)}
 
 
 def _gemma3_gguf(get, base: dict) -> dict[str, Any]:
@@ -220,6 +240,30 @@ def _glm4_moe_gguf(get, base: dict) -> dict[str, Any]:
                              dense_layers=tuple(i < first for i in range(n)))}
 
 
+def _gpt_oss_moe(experts: int, used: int, width: int, n: int) -> MoEConfig:
+    return MoEConfig(experts, used, width, scoring="softmax_topk", norm_topk_prob=False,
+                     router_linear_bias=True, expert_bias=True, dense_layers=(False,) * n)
+
+
+def _gpt_oss_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    n = cfg["num_hidden_layers"]
+    out = {"moe": _gpt_oss_moe(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"], n),
+           "swiglu_alpha": float(cfg.get("swiglu_alpha") or 1.702),
+           "swiglu_limit": float(cfg.get("swiglu_limit") or 7.0)}
+    if not cfg.get("layer_types") and cfg.get("sliding_window"):   # GptOssConfig's default pattern
+        out.update(layer_types=_alternating(n), sliding_window=cfg["sliding_window"])
+    return out
+
+
+def _gpt_oss_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp: every other layer slides (its swa pattern 2); the clamped SwiGLU's α and limit are
+    # its constants 1.702 and 7.0, ModelConfig's defaults
+    n = int(get("block_count"))
+    return {"layer_types": _alternating(n),
+            "moe": _gpt_oss_moe(int(get("expert_count")), int(get("expert_used_count")),
+                                int(get("expert_feed_forward_length")), n)}
+
+
 # ---------------------------------------------------------------- the table
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -246,6 +290,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4moe",), output_bias=False,
                  gguf_roles=(("attn_post_norm", "mlp_norm"),),
                  read_hf=_glm4_moe_hf, read_gguf=_glm4_moe_gguf),
+    Architecture("gpt_oss", ("GptOssForCausalLM",), ("gpt-oss",), activation="swiglu_oai", sinks=True,
+                 hf_experts="interleaved", gguf_roles=(("attn_post_norm", "mlp_norm"),),
+                 read_hf=_gpt_oss_hf, read_gguf=_gpt_oss_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
     Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),

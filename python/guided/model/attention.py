@@ -16,9 +16,10 @@ AttentionMetadata.kernels), a decode-only step reads the paged cache in place
 with cuda/paged_attention.cu instead of gathering it, and new K/V rows are written by its write kernel; prefill
 stays with SDPA over the gathered blocks.
 
-A sliding-window layer (Gemma, Mistral, EXAONE 4) reads the same blocks with
-a mask that keeps the last `window` positions; scores are soft-capped where
-the model asks (Gemma 2), which SDPA cannot do, so those layers compute
+A sliding-window layer (Gemma, Mistral, EXAONE 4, gpt-oss) reads the same
+blocks with a mask that keeps the last `window` positions; scores are
+soft-capped where the model asks (Gemma 2), and a head's learned sink logit
+joins its softmax (gpt-oss), which SDPA cannot do, so those layers compute
 attention in plain torch. Blocks behind every window are not released: the
 architectures that slide all have full-attention layers too (Gemma, EXAONE
 4) or slide wider than the contexts served (Mistral's 4k–32k), and a block
@@ -158,34 +159,43 @@ class Scores:
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    plan: AttentionPlan, scores: Scores) -> torch.Tensor:
-    """q: [T, H, d] for the new tokens (their K/V already written). Returns [T, H*d]
-    in q's dtype; the cache may hold a narrower one."""
+                    plan: AttentionPlan, scores: Scores, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, H, d] for the new tokens (their K/V already written); `sinks` [H]: each
+    head's sink logit, where the layer has them. Returns [T, H*d] in q's dtype; the
+    cache may hold a narrower one."""
     if q.dtype != k_cache.dtype:
-        return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scores).to(q.dtype)
+        return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scores, sinks).to(q.dtype)
     t, h, d = q.shape
-    plain = scores.window is None and scores.softcap is None
+    plain = scores.window is None and scores.softcap is None and sinks is None
     if plan.kernel_decode is not None and d in (64, 128) and plain:
         tables, lens = plan.kernel_decode
         return cuda_ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens,
                                      scores.scale).view(t, h * d)
     group = plan.decode
     if group is not None and group.rows is None:
-        return _decode(q, k_cache, v_cache, group, scores)
+        return _decode(q, k_cache, v_cache, group, scores, sinks)
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
     for chunk in plan.prefills:
-        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scores)
+        out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scores, sinks)
     if group is not None:
-        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scores)
+        out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scores, sinks)
     return out
 
 
-def _attend(q, keys, values, mask, scores: Scores):
-    if scores.softcap is None:
+def _attend(q, keys, values, mask, scores: Scores, sinks: torch.Tensor | None = None):
+    """`sinks`: per query row, a logit that joins the softmax and takes its share of the
+    weight without a value (broadcast against q's [.., rows, 1])."""
+    if scores.softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scores.scale)
     weights = q @ keys.transpose(-1, -2) * scores.scale
-    weights = torch.tanh(weights / scores.softcap) * scores.softcap
-    weights = weights.masked_fill(~mask, float("-inf")).softmax(dim=-1, dtype=torch.float32)
+    if scores.softcap is not None:
+        weights = torch.tanh(weights / scores.softcap) * scores.softcap
+    weights = weights.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        weights = weights.softmax(dim=-1, dtype=torch.float32)
+    else:
+        sink = sinks.to(weights.dtype).expand(*weights.shape[:-1], 1)
+        weights = torch.cat([weights, sink], dim=-1).softmax(dim=-1, dtype=torch.float32)[..., :-1]
     return weights.to(values.dtype) @ values
 
 
@@ -199,17 +209,18 @@ def _read(cache: torch.Tensor, g: _Gather, which: int) -> torch.Tensor:
     return buf.view(g.num_seqs, -1, kv, d)[:, :g.length].transpose(1, 2)
 
 
-def _decode(q, k_cache, v_cache, group: _DecodeGroup, scores: Scores):
+def _decode(q, k_cache, v_cache, group: _DecodeGroup, scores: Scores, sinks=None):
     """One new token per sequence: one batched SDPA, keys past each context masked out."""
     b, h, d = q.shape
     kv = k_cache.shape[-2]
     keys = _read(k_cache, group.gather, 0)
     values = _read(v_cache, group.gather, 1)
-    out = _attend(q.view(b, kv, h // kv, d), keys, values, group.masks(scores.window), scores)
+    sinks = None if sinks is None else sinks.view(kv, h // kv, 1)
+    out = _attend(q.view(b, kv, h // kv, d), keys, values, group.masks(scores.window), scores, sinks)
     return out.reshape(b, h * d)
 
 
-def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scores: Scores):
+def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scores: Scores, sinks=None):
     """One sequence's chunk of n new tokens at the end of its cached context; causal."""
     n, h, d = q.shape
     kv = k_cache.shape[-2]
@@ -220,5 +231,7 @@ def _prefill(q, k_cache, v_cache, chunk: _PrefillChunk, scores: Scores):
     qg = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
     mask = chunk.masks(scores.window)
     mask = mask if g == 1 else mask.repeat(g, 1)
-    out = _attend(qg, keys, values, mask, scores)
+    if sinks is not None:   # one per stacked query row: head (kv, member), any position
+        sinks = sinks.view(kv, g, 1, 1).expand(kv, g, n, 1).reshape(kv, g * n, 1)
+    out = _attend(qg, keys, values, mask, scores, sinks)
     return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)

@@ -43,6 +43,8 @@ class ModelConfig:
     final_softcap: float | None = None
     moe: MoEConfig | None = None
     qk_norm: str | None = None             # the architecture's, or the config's (GLM's use_qk_norm)
+    swiglu_alpha: float = 1.702            # the "swiglu_oai" activation's sigmoid gain and clamp (gpt-oss)
+    swiglu_limit: float = 7.0
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -185,22 +187,40 @@ def _hf_rope_scaling(cfg: dict) -> dict | None:
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default" or (kind == "dynamic" and scaling.get("alpha")):   # Hunyuan's reader has it
         return None
-    if kind not in ("llama3", "linear", "longrope"):
+    if kind not in ("llama3", "linear", "longrope", "yarn"):
         raise ValueError(f"unsupported rope scaling {kind!r}")
     out = dict(scaling, rope_type=kind)
-    if kind == "longrope":
-        out.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if kind in ("longrope", "yarn"):
+        out.setdefault("original_max_position_embeddings",
+                       cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"))
         out["max_position_embeddings"] = cfg.get("max_position_embeddings")
+    if kind == "yarn":
+        out["truncate"] = bool(scaling.get("truncate", True))   # transformers' default
     return out
 
 
 def _gguf_rope_scaling(md: dict, arch: str) -> dict | None:
     # llama.cpp bakes llama3 scaling into a rope_freqs tensor instead; the loader reads that.
-    kind = md.get(f"{arch}.rope.scaling.type")
-    factor = md.get(f"{arch}.rope.scaling.factor")
+    def get(key, default=None):
+        return md.get(f"{arch}.rope.scaling.{key}", default)
+
+    kind, factor = get("type"), get("factor")
     if kind == "linear" and factor:
         return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn" and factor:
+        # as ggml computes it: the correction range always rounded outwards (transformers'
+        # truncate=True), the attention factor llama.cpp's multiplier of 1 + 0.1·ln(factor)
+        return {"rope_type": "yarn", "factor": float(factor), "truncate": True,
+                "original_max_position_embeddings": int(get("original_context_length")),
+                "beta_fast": float(get("yarn_beta_fast", 32.0)), "beta_slow": float(get("yarn_beta_slow", 1.0)),
+                "extrapolation_factor": _unset_below_zero(get("yarn_ext_factor"), 1.0),
+                "attention_multiplier": float(get("yarn_attn_factor", 1.0))}
     return None
+
+
+def _unset_below_zero(value, default: float) -> float:
+    """llama.cpp's convention for its YaRN keys: absent or negative means the default."""
+    return default if value is None or float(value) < 0 else float(value)
 
 
 def _as_list(value) -> list[int]:

@@ -8,6 +8,8 @@ real tensors, so nothing is initialised twice.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -41,7 +43,22 @@ def _whole(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: the gate clamped above, up on both sides, then (up + 1)·gate·σ(α·gate)."""
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def gated_activation(c: ModelConfig):
+    """The gated MLP's f(gate, up), by the architecture's `activation`."""
+    kind = c.arch.activation
+    if kind == "silu":
+        return lambda gate, up: F.silu(gate) * up
+    if kind == "gelu_tanh":
+        return lambda gate, up: F.gelu(gate, approximate="tanh") * up
+    if kind == "swiglu_oai":
+        return partial(swiglu_oai, alpha=c.swiglu_alpha, limit=c.swiglu_limit)
+    raise ValueError(f"{c.architecture}: unknown activation {kind!r}")
 
 
 class DecoderLayer(nn.Module):
@@ -54,15 +71,18 @@ class DecoderLayer(nn.Module):
         self.scores = Scores(c.attention_scale, c.window(index), c.attn_softcap)
         self.rope = c.rope_layers[index]
         self.residual = c.residual_multiplier
-        self.act = _ACTIVATIONS[arch.activation]
+        self.glu = gated_activation(c)
         self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
         self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
+        #: gpt-oss: per head, a logit that joins the attention softmax (loaded as `layers.N.sinks`)
+        self.sinks = nn.Parameter(torch.empty(c.num_heads, device="meta"), requires_grad=False) \
+            if arch.sinks else None
         self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
         if c.qk_norm:
             head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
-        self.moe = MoE(c.moe, c.hidden_size, self.act) if c.is_moe(index) else None
+        self.moe = MoE(c.moe, c.hidden_size, self.glu) if c.is_moe(index) else None
         if self.moe is None:
             self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
             self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
@@ -85,7 +105,7 @@ class DecoderLayer(nn.Module):
         if self.moe is not None:
             return x + self._out(self.reduce(self.moe(h)), "mlp_post_norm")
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self._out(self.reduce(self.down_proj(self.act(gate) * up)), "mlp_post_norm")
+        return x + self._out(self.reduce(self.down_proj(self.glu(gate, up))), "mlp_post_norm")
 
     def _out(self, h: torch.Tensor, norm: str) -> torch.Tensor:
         if self.norm_out:
@@ -109,7 +129,7 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, plan)
-        return paged_attention(q, k_cache, v_cache, plan, self.scores)
+        return paged_attention(q, k_cache, v_cache, plan, self.scores, self.sinks)
 
 
 class CausalLM(nn.Module):

@@ -23,11 +23,15 @@ _BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "sel
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
-# a mixture-of-experts MLP's tensors, whole names (weights.WeightSink._add_moe)
-_MOE = {"ffn_gate_inp": "moe.router.weight", "exp_probs_b": "moe.router_bias",
-        "ffn_gate_exps": "moe.gate_exps", "ffn_up_exps": "moe.up_exps", "ffn_down_exps": "moe.down_exps",
-        "ffn_gate_shexp": "moe.shared.gate_proj.weight", "ffn_up_shexp": "moe.shared.up_proj.weight",
-        "ffn_down_shexp": "moe.shared.down_proj.weight"}
+# a mixture-of-experts MLP's tensors, whole names by llama.cpp's name and suffix (weights.WeightSink._add_moe)
+_MOE = {"ffn_gate_inp.weight": "moe.router.weight", "ffn_gate_inp.bias": "moe.router.bias",   # gpt-oss's bias
+        "exp_probs_b.bias": "moe.router_bias",
+        "ffn_gate_exps.weight": "moe.gate_exps", "ffn_up_exps.weight": "moe.up_exps",
+        "ffn_down_exps.weight": "moe.down_exps",
+        "ffn_gate_exps.bias": "moe.gate_exps_bias", "ffn_up_exps.bias": "moe.up_exps_bias",
+        "ffn_down_exps.bias": "moe.down_bias",
+        "ffn_gate_shexp.weight": "moe.shared.gate_proj.weight", "ffn_up_shexp.weight": "moe.shared.up_proj.weight",
+        "ffn_down_shexp.weight": "moe.shared.down_proj.weight"}
 
 
 def our_name(gguf_name: str) -> str | None:
@@ -37,8 +41,10 @@ def our_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if parts[0] != "blk":
         return None
-    if parts[2] in _MOE:
-        return f"layers.{parts[1]}.{_MOE[parts[2]]}"
+    if ".".join(parts[2:]) in _MOE:
+        return f"layers.{parts[1]}.{_MOE['.'.join(parts[2:])]}"
+    if parts[2] == "attn_sinks":
+        return f"layers.{parts[1]}.sinks"
     if parts[2] not in _BLOCK:
         return None
     return f"layers.{parts[1]}.{_BLOCK[parts[2]]}.{parts[3]}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -12,6 +13,7 @@ from tqdm.auto import tqdm
 from .architectures import Architecture
 from .config import ModelConfig
 from .gguf_loader import _layer, unpermute
+from .mxfp4 import dequantize_mxfp4
 from .weights import WeightSink
 
 
@@ -49,15 +51,36 @@ def load_hf(directory: str, dtype: torch.dtype, device: torch.device):
     sink = WeightSink(config, dtype, device)
     files = _weight_files(directory)
     handles = [safe_open(f, framework="pt") for f in files]
-    names = [(h, k) for h in handles for k in h.keys()]
     arch = config.arch
-    for handle, name in tqdm(names, desc="loading weights", unit="tensor", leave=False):
+    for name, read in tqdm(_tensors(handles, dtype), desc="loading weights", unit="tensor", leave=False):
         ours = _our_name(name, arch)
         if ours is not None and _layer(ours) < config.num_layers:   # past the last: GLM's prediction layer
-            sink.add(ours, _as_ours(ours, handle.get_tensor(name), arch, config))
+            sink.add(ours, _as_ours(ours, read(), arch, config))
     model = sink.build()
     model.init_rotary(device, dtype)
     return config, model, raw
+
+
+def _tensors(handles, dtype: torch.dtype) -> list[tuple[str, Callable[[], torch.Tensor]]]:
+    """Each checkpoint tensor's name and a reader of it. MXFP4 pairs (gpt-oss's Hub
+    checkpoints: `experts.gate_up_proj_blocks` and `_scales`) come as one tensor under
+    the parameter's name, dequantized and laid out as transformers holds it ([E, in, out])."""
+    where = {name: h for h in handles for name in h.keys()}
+    out = []
+    for name, h in where.items():
+        if name.endswith("_scales") and name.removesuffix("_scales") + "_blocks" in where:
+            continue
+        if name.endswith("_blocks"):
+            stem = name.removesuffix("_blocks")
+            if stem + "_scales" not in where:
+                raise ValueError(f"{name}: MXFP4 blocks without their {stem}_scales")
+
+            def read(h=h, name=name, s=where[stem + "_scales"], key=stem + "_scales"):
+                return dequantize_mxfp4(h.get_tensor(name), s.get_tensor(key), dtype).transpose(-1, -2)
+            out.append((stem, read))
+        else:
+            out.append((name, lambda h=h, name=name: h.get_tensor(name)))
+    return out
 
 
 #: where a multimodal checkpoint keeps its text model's tensors (Mistral 3, Gemma 3; transformers 5
@@ -78,8 +101,10 @@ _MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # 
 #: a mixture-of-experts MLP's tensors (after "mlp."): the router ("gate"), the experts, a shared expert
 _MOE = {
     "gate": lambda rest: ["router_bias"] if rest == ["e_score_correction_bias"] else ["router"] + rest,
+    "router": lambda rest: ["router"] + rest,                                  # gpt-oss (with a bias)
     "experts": lambda rest: ["experts"] + rest if rest[0].isdigit() else {
-        "gate_up_proj": ["gate_up"], "down_proj": ["down"]}[rest[0]],   # transformers 5 stacks them
+        "gate_up_proj": ["gate_up"], "down_proj": ["down"],                     # transformers 5 stacks them
+        "gate_up_proj_bias": ["gate_up_bias"], "down_proj_bias": ["down_bias"]}[rest[0]],
     "shared_experts": lambda rest: ["shared"] + rest,
     "shared_expert": lambda rest: ["shared"] + rest,
 }
@@ -94,6 +119,8 @@ def _our_name(name: str, arch: Architecture) -> str | None:
             name = name[len(prefix):]
             break
     parts = name.split(".")
+    if parts[0] == "layers" and parts[-1] == "sinks":       # gpt-oss's self_attn.sinks
+        return f"layers.{parts[1]}.sinks"
     if parts[0] == "layers" and len(parts) > 3:
         if parts[2] == "mlp" and parts[3] in _MOE:
             return ".".join(parts[:2] + ["moe"] + _MOE[parts[3]](parts[4:]))
@@ -103,7 +130,13 @@ def _our_name(name: str, arch: Architecture) -> str | None:
 
 
 def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> torch.Tensor:
-    """Gemma's norms store w for (1 + w); Ernie's Q/K rows rotate in pairs, ours in halves."""
+    """Gemma's norms store w for (1 + w); Ernie's Q/K rows rotate in pairs, ours in halves;
+    gpt-oss's experts are [E, in, out] with gate and up in alternate columns, ours [E, out, in]
+    with gate rows then up rows."""
+    if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.down")):
+        w = w.transpose(-1, -2).contiguous()
+    if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.gate_up_bias")):
+        return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)
     if arch.norm_offset and name.endswith("norm.weight"):
         return w.float() + arch.norm_offset
     if arch.interleaved_rope and name.endswith(("q_proj.weight", "q_proj.bias")):

@@ -1,10 +1,11 @@
-"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6).
+"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6, gpt-oss).
 
 A router scores every expert for every token and keeps the top k; each
-expert is a gated MLP. The experts' weights are held stacked ([E, 2I, H] for
-gate|up, [E, H, I] for down), the (token, expert) pairs of a step are sorted
-by expert, and each expert that got any runs one matmul over all its rows:
-a loop over the experts a step uses, never over tokens.
+expert is a gated MLP (with biases in gpt-oss). The experts' weights are
+held stacked ([E, 2I, H] for gate|up, [E, H, I] for down), the (token,
+expert) pairs of a step are sorted by expert, and each expert that got any
+runs one matmul over all its rows: a loop over the experts a step uses,
+never over tokens.
 """
 from __future__ import annotations
 
@@ -20,15 +21,20 @@ def _meta(*shape: int) -> nn.Parameter:
 
 
 class MoE(nn.Module):
-    def __init__(self, m: MoEConfig, hidden: int, act):
+    def __init__(self, m: MoEConfig, hidden: int, glu):
+        """`glu`: the experts' f(gate, up)."""
         super().__init__()
-        self.config, self.act = m, act
-        self.router = nn.Linear(hidden, m.num_experts, bias=False, device="meta").requires_grad_(False)
+        self.config, self.glu = m, glu
+        self.router = nn.Linear(hidden, m.num_experts, bias=m.router_linear_bias,
+                                device="meta").requires_grad_(False)
         if m.scoring == "sigmoid":
             # GLM: added to the scores when choosing experts, not when weighting them
             self.router_bias = _meta(m.num_experts)
         self.gate_up = _meta(m.num_experts, 2 * m.intermediate_size, hidden)
         self.down = _meta(m.num_experts, hidden, m.intermediate_size)
+        if m.expert_bias:
+            self.gate_up_bias = _meta(m.num_experts, 2 * m.intermediate_size)
+            self.down_bias = _meta(m.num_experts, hidden)
         if m.shared_intermediate_size:
             self.shared_gate_up = _meta(2 * m.shared_intermediate_size, hidden)
             self.shared_down = _meta(hidden, m.shared_intermediate_size)
@@ -39,6 +45,9 @@ class MoE(nn.Module):
         if m.scoring == "softmax":
             probs = self.router(x).softmax(dim=-1, dtype=torch.float32)
             weights, experts = probs.topk(m.top_k, dim=-1)
+        elif m.scoring == "softmax_topk":
+            logits, experts = self.router(x).topk(m.top_k, dim=-1)
+            weights = logits.softmax(dim=-1, dtype=torch.float32)
         else:
             scores = F.linear(x.float(), self.router.weight.float()).sigmoid()
             choice = scores + self.router_bias.float()
@@ -61,16 +70,17 @@ class MoE(nn.Module):
         tokens = order // k
         rows = x.index_select(0, tokens)
         out = torch.empty_like(rows)
-        start = 0
+        start, bias = 0, self.config.expert_bias
         for e, n in enumerate(counts):
             if n:
                 part = rows[start:start + n]
-                gate, up = F.linear(part, self.gate_up[e]).chunk(2, dim=-1)
-                out[start:start + n] = F.linear(self.act(gate) * up, self.down[e])
+                gate_up = F.linear(part, self.gate_up[e], self.gate_up_bias[e] if bias else None)
+                out[start:start + n] = F.linear(self.glu(*gate_up.chunk(2, dim=-1)), self.down[e],
+                                                self.down_bias[e] if bias else None)
                 start += n
         out *= weights.view(-1).index_select(0, order)[:, None]
         y = torch.zeros_like(x).index_add_(0, tokens, out)
         if self.config.shared_intermediate_size:
             gate, up = F.linear(x, self.shared_gate_up).chunk(2, dim=-1)
-            y = y + F.linear(self.act(gate) * up, self.shared_down)
+            y = y + F.linear(self.glu(gate, up), self.shared_down)
         return y

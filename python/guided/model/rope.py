@@ -1,4 +1,4 @@
-"""Rotary position embedding: frequencies (plain, linear, llama3, LongRoPE) and a cos/sin table.
+"""Rotary position embedding: frequencies (plain, linear, llama3, LongRoPE, YaRN) and a cos/sin table.
 
 A model has one table per rotary base its layers use ("global", and "local"
 for Gemma 3's sliding layers); a head may rotate only its leading
@@ -16,7 +16,7 @@ from .config import ModelConfig
 def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None = None,
                         local: bool = False) -> tuple[torch.Tensor, float]:
     """The table's inverse frequencies, and the factor its cos/sin are scaled by
-    (LongRoPE's attention factor; 1 otherwise). `local`: the sliding layers'
+    (LongRoPE's and YaRN's attention factor; 1 otherwise). `local`: the sliding layers'
     own base, unscaled (Gemma 3)."""
     dim = config.rotary_dim
     theta = config.local_rope_theta if local else config.rope_theta
@@ -29,6 +29,8 @@ def inverse_frequencies(config: ModelConfig, freq_factors: torch.Tensor | None =
         inv_freq = _llama3(inv_freq, scaling)
     elif kind == "longrope":
         return _longrope(inv_freq, scaling)
+    elif kind == "yarn":
+        return _yarn(scaling, dim, theta, config.max_position_embeddings)
     if freq_factors is not None and not local:
         # llama.cpp stores llama3 scaling as per-frequency divisors (rope_freqs.weight)
         inv_freq = inv_freq / freq_factors.float()
@@ -48,6 +50,43 @@ def _longrope(inv_freq: torch.Tensor, s: dict) -> tuple[torch.Tensor, float]:
     if scale is None:
         scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return inv_freq / torch.tensor(factors, dtype=torch.float32), float(scale)
+
+
+def _yarn(s: dict, dim: int, base: float, max_positions: int) -> tuple[torch.Tensor, float]:
+    """YaRN as transformers computes it (modeling_rope_utils._compute_yarn_parameters): frequencies
+    that turn fewer than `beta_slow` times over the original context are slowed by `factor`, those
+    that turn more than `beta_fast` times are kept, a linear ramp blends between; cos/sin are scaled
+    by the attention factor (0.1·ln(factor) + 1 unless given). `truncate` rounds the ramp's ends
+    outwards to whole dimensions (transformers' default; what ggml always does; gpt-oss says false).
+    A GGUF's `extrapolation_factor` and `attention_multiplier` are llama.cpp's ext_factor and
+    attn_factor (1 unless the file says)."""
+    original = float(s["original_max_position_embeddings"])
+    factor = float(s.get("factor") or max_positions / original)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = (1 - ramp) * float(s.get("extrapolation_factor", 1.0))
+    # inv_freq as transformers has it: 1 / base^(i/d), and 1 / (factor · base^(i/d)) slowed
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    blended = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return blended, float(attention) * float(s.get("attention_multiplier", 1.0))
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:

@@ -14,6 +14,8 @@ from .quant_linear import DenseScratch, QuantLinear, QuantWeight, dense_copy_bud
 LAYER_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                            "gate_up_proj", "down_proj", "q_norm", "k_norm", "attn_norm", "mlp_norm",
                            "attn_post_norm", "mlp_post_norm"})
+#: per-layer parameters held by the layer itself, named `layers.N.<name>` (gpt-oss's attention sinks)
+LAYER_PARAMETERS = frozenset({"sinks"})
 
 
 class WeightSink:
@@ -41,6 +43,9 @@ class WeightSink:
             self._add_top(name, tensor)
             return
         prefix, module, kind = ".".join(parts[:2]), parts[-2], parts[-1]
+        if len(parts) == 3 and parts[2] in LAYER_PARAMETERS:
+            self.state[name] = tensor
+            return
         if parts[2] == "moe":
             self._add_moe(prefix, parts[3:], tensor)
             return
@@ -59,11 +64,13 @@ class WeightSink:
         self.state[name] = tensor
 
     def _add_moe(self, prefix: str, rest: list[str], tensor) -> None:
-        """A mixture-of-experts tensor, as MoE holds them: `router.weight`,
-        `router_bias`, stacked `gate_up` [E, 2I, H] and `down` [E, H, I], and a
-        shared expert's `shared_gate_up`/`shared_down`. They arrive per expert
-        (`experts.E.gate_proj.weight`, HF checkpoints), stacked (transformers
-        5's `gate_up`/`down`), or as a GGUF's `gate_exps`/`up_exps` [E, I, H]."""
+        """A mixture-of-experts tensor, as MoE holds them: `router.weight` (and
+        gpt-oss's `router.bias`), `router_bias`, stacked `gate_up` [E, 2I, H] and
+        `down` [E, H, I] (gpt-oss: `gate_up_bias` [E, 2I], `down_bias` [E, H]), and
+        a shared expert's `shared_gate_up`/`shared_down`. They arrive per expert
+        (`experts.E.gate_proj.weight`, HF checkpoints), stacked (transformers 5's
+        `gate_up`/`down`), or as a GGUF's `gate_exps`/`up_exps` [E, I, H] (and
+        their `gate_exps_bias`/`up_exps_bias` [E, I])."""
         if isinstance(tensor, QuantWeight):   # experts run dense (GGUF blocks only in linears)
             tensor = tensor.dense().to(device=self.device, dtype=self.dtype)
         name = f"{prefix}.moe.{'.'.join(rest)}"
@@ -75,6 +82,8 @@ class WeightSink:
             self.state[f"{prefix}.moe.shared_down"] = tensor
         elif rest[0] in ("gate_exps", "up_exps"):
             self._collect(f"{prefix}.moe.gate_up", ("gate_exps", "up_exps"), rest[0], tensor, dim=1)
+        elif rest[0] in ("gate_exps_bias", "up_exps_bias"):
+            self._collect(f"{prefix}.moe.gate_up_bias", ("gate_exps_bias", "up_exps_bias"), rest[0], tensor, dim=1)
         elif rest[0] == "down_exps":
             self.state[f"{prefix}.moe.down"] = tensor
         else:
