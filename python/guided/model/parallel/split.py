@@ -35,8 +35,9 @@ def check_split(config: ModelConfig, size: int, dtype=None) -> None:
     if size > 1 and config.qk_norm == "full":
         raise ValueError(f"{config.architecture} normalises queries and keys over all heads at once; "
                          f"tensor parallelism splits heads over ranks, which is not supported for it yet")
-    if size > 1 and config.moe is not None:
-        raise ValueError(f"{config.architecture}'s mixture-of-experts layers are not split over ranks yet")
+    if size > 1 and config.moe is not None and config.moe.expert_bias:
+        raise ValueError(f"{config.architecture}'s experts have biases, which tensor parallelism "
+                         f"does not split yet")
     if size > 1 and (config.output_bias or config.mlp_bias):
         raise ValueError(f"{config.architecture} has biases on o_proj or down_proj, which tensor "
                          f"parallelism does not split yet")
@@ -89,8 +90,14 @@ def shard(model: nn.Module, split: TensorSplit, group: "TensorGroup") -> None:
         _keep_rows(layer.qkv_proj, [heads, slice(q_size + kv[0], q_size + kv[1]),
                                     slice(q_size + kv_size + kv[0], q_size + kv_size + kv[1])])
         _keep_columns(layer.o_proj, heads)
-        _keep_rows(layer.gate_up_proj, [rows, slice(mid + rows.start, mid + rows.stop)])
-        _keep_columns(layer.down_proj, rows)
+        if layer.moe is not None:
+            _shard_experts(layer.moe, split)
+        else:
+            _keep_rows(layer.gate_up_proj, [rows, slice(mid + rows.start, mid + rows.stop)])
+            _keep_columns(layer.down_proj, rows)
+        if layer.sinks is not None:
+            layer.sinks = nn.Parameter(layer.sinks[split.heads.start:split.heads.stop].clone(),
+                                       requires_grad=False)
         layer.num_heads, layer.num_kv_heads = len(split.heads), len(split.kv_heads)
         layer.q_size, layer.kv_size = len(split.heads) * d, len(split.kv_heads) * d
         layer.reduce = group.all_reduce
@@ -101,6 +108,22 @@ def shard(model: nn.Module, split: TensorSplit, group: "TensorGroup") -> None:
     _keep_rows(model.lm_head, [vocab])
     model.tensor_group, model.vocab_start = group, split.vocab.start
     group.split = split
+
+
+def _shard_experts(moe: nn.Module, split: TensorSplit) -> None:
+    """Every expert (and the shared one) keeps its slice of the intermediate
+    dimension, as a dense MLP does; the router stays whole, so every rank
+    picks the same experts, and the weighted partial outputs sum to the whole."""
+    def keep(gate_up: torch.Tensor, down: torch.Tensor, width: int) -> tuple[nn.Parameter, nn.Parameter]:
+        part = _even(width, split.size, split.rank)
+        rows = torch.cat([torch.arange(part.start, part.stop), torch.arange(width + part.start, width + part.stop)])
+        return (nn.Parameter(gate_up.index_select(-2, rows), requires_grad=False),
+                nn.Parameter(down[..., part.start:part.stop].clone(), requires_grad=False))
+    m = moe.config
+    moe.gate_up, moe.down = keep(moe.gate_up, moe.down, m.intermediate_size)
+    if m.shared_intermediate_size:
+        moe.shared_gate_up, moe.shared_down = keep(moe.shared_gate_up, moe.shared_down,
+                                                   m.shared_intermediate_size)
 
 
 def _keep_rows(linear: nn.Linear, parts: list[slice]) -> None:
