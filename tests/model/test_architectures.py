@@ -133,6 +133,24 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
     return rounded
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "gpt_oss"])
+def test_gguf_experts_stay_in_their_blocks_with_dtype_gguf(arch, tiny, tmp_path):
+    """dtype="gguf": each expert multiplies through ggml's kernels on its own
+    Q8_0 blocks (8-bit activations, as llama.cpp), close to the float32 load of
+    the same file."""
+    from guided.model.quant_linear import QuantLinear
+    directory, _, prompts, _ = tiny(arch)
+    path = write_gguf(directory, tmp_path / f"{arch}.gguf", "Q8_0")
+    dense, blocks = load_model(path, dtype=torch.float32), load_model(path, dtype="gguf")
+    moes = [layer.moe for layer in blocks.model.layers if layer.moe is not None]
+    assert moes and all(isinstance(q, QuantLinear) and q.matrix.format == "Q8_0"
+                        for moe in moes for q in [*moe.gate_up_q, *moe.down_q])
+    for ids in prompts:
+        want = last_logits(dense.model, dense.config, ids)
+        got = last_logits(blocks.model, blocks.config, ids)
+        assert ((got - want).abs().max() / want.abs().max()).item() < 5e-2, (arch, len(ids))
+
+
 def _rounded_through_q8_0(hf):
     return _rounded_through(hf, gguf.GGMLQuantizationType.Q8_0)
 

@@ -121,7 +121,8 @@ def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo],
 
 
 # the weights a QuantLinear can hold: every projection, the output head and the (tied) embeddings
-_LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight")
+_LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight",
+                   "moe.gate_exps", "moe.up_exps", "moe.down_exps")
 
 
 def _quant_weight(gguf: GGUFFile, info: TensorInfo) -> QuantWeight:

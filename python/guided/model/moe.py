@@ -39,6 +39,22 @@ class MoE(nn.Module):
             self.shared_gate_up = _meta(2 * m.shared_intermediate_size, hidden)
             self.shared_down = _meta(hidden, m.shared_intermediate_size)
 
+    def hold_blocks(self, gate_up: list[nn.Module], down: list[nn.Module]) -> None:
+        """Run the experts through ggml's kernels (dtype="gguf"): per expert, a
+        QuantLinear over its GGUF blocks instead of a slice of the stacked weights."""
+        del self.gate_up, self.down
+        self.gate_up_q, self.down_q = nn.ModuleList(gate_up), nn.ModuleList(down)
+
+    def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        bias = self.config.expert_bias
+        if hasattr(self, "gate_up_q"):
+            gate_up = self.gate_up_q[e](rows)
+            gate_up = gate_up + self.gate_up_bias[e] if bias else gate_up
+            out = self.down_q[e](self.glu(*gate_up.chunk(2, dim=-1)))
+            return out + self.down_bias[e] if bias else out
+        gate_up = F.linear(rows, self.gate_up[e], self.gate_up_bias[e] if bias else None)
+        return F.linear(self.glu(*gate_up.chunk(2, dim=-1)), self.down[e], self.down_bias[e] if bias else None)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's experts [T, k] and their weights [T, k] (x's dtype)."""
         m = self.config
@@ -70,13 +86,10 @@ class MoE(nn.Module):
         tokens = order // k
         rows = x.index_select(0, tokens)
         out = torch.empty_like(rows)
-        start, bias = 0, self.config.expert_bias
+        start = 0
         for e, n in enumerate(counts):
             if n:
-                part = rows[start:start + n]
-                gate_up = F.linear(part, self.gate_up[e], self.gate_up_bias[e] if bias else None)
-                out[start:start + n] = F.linear(self.glu(*gate_up.chunk(2, dim=-1)), self.down[e],
-                                                self.down_bias[e] if bias else None)
+                out[start:start + n] = self._expert(e, rows[start:start + n])
                 start += n
         out *= weights.view(-1).index_select(0, order)[:, None]
         y = torch.zeros_like(x).index_add_(0, tokens, out)

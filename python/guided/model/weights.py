@@ -8,6 +8,9 @@ from .decoder import CausalLM
 from .quant_linear import DenseScratch, QuantLinear, QuantWeight, dense_copy_budget
 
 
+#: a GGUF's 3-D expert tensors, which may stay in their blocks (moe.MoE.hold_blocks)
+_EXPERT_BLOCKS = ("gate_exps", "up_exps", "down_exps")
+
 #: the per-layer tensors CausalLM holds, by the names the loaders give them
 #: (HF's for the projections; the norms by role, since "post_attention_layernorm"
 #: is the MLP's input norm in Llama and the attention's output norm in Gemma)
@@ -32,6 +35,8 @@ class WeightSink:
         self._pending: dict[str, dict[str, torch.Tensor | QuantWeight]] = {}
         #: per layer, experts' tensors by (gate_proj | up_proj | down_proj, expert), stacked at build()
         self._experts: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
+        #: per layer, a GGUF's 3-D expert blocks [E, rows, row_bytes] (dtype="gguf"), by _EXPERT_BLOCKS
+        self._expert_blocks: dict[str, dict[str, QuantWeight]] = {}
         #: the output head's blocks where it is tied to quantized embeddings (held dense for lookup)
         self.tied_head: QuantWeight | None = None
 
@@ -71,7 +76,10 @@ class WeightSink:
         (`experts.E.gate_proj.weight`, HF checkpoints), stacked (transformers 5's
         `gate_up`/`down`), or as a GGUF's `gate_exps`/`up_exps` [E, I, H] (and
         their `gate_exps_bias`/`up_exps_bias` [E, I])."""
-        if isinstance(tensor, QuantWeight):   # experts run dense (GGUF blocks only in linears)
+        if isinstance(tensor, QuantWeight) and rest[0] in _EXPERT_BLOCKS:
+            self._expert_blocks.setdefault(prefix, {})[rest[0]] = tensor   # see _quant_experts
+            return
+        if isinstance(tensor, QuantWeight):   # a shared expert runs dense
             tensor = tensor.dense().to(device=self.device, dtype=self.dtype)
         name = f"{prefix}.moe.{'.'.join(rest)}"
         if rest[0] == "experts":
@@ -129,13 +137,37 @@ class WeightSink:
         if "lm_head.weight" not in self.state:
             self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True
+        experts = self._quant_experts()
         model = CausalLM(self.config)
-        self._quant_linears(model)
+        scratch = self._quant_linears(model)
+        for prefix, (gate_up, down) in experts.items():
+            model.get_submodule(f"{prefix}.moe").hold_blocks(
+                [QuantLinear(m, False, scratch) for m in gate_up], [QuantLinear(m, False, scratch) for m in down])
         model.load_state_dict(self.state, strict=True, assign=True)
         model.eval()
         return model
 
-    def _quant_linears(self, model: CausalLM) -> None:
+    def _quant_experts(self) -> dict[str, tuple[list, list]]:
+        """Per layer, each expert's gate|up and down as native matrices over its
+        GGUF blocks; a layer whose gate and up differ in format is held dense."""
+        held = {}
+        for prefix, parts in self._expert_blocks.items():
+            gate, up, down = (parts[k] for k in _EXPERT_BLOCKS)
+            joined = [QuantWeight.concat([QuantWeight(gate.ggml_type, gate.cols, gate.blocks[e]),
+                                          QuantWeight(up.ggml_type, up.cols, up.blocks[e])])
+                      for e in range(gate.blocks.shape[0])]
+            if all(j is not None for j in joined):
+                held[prefix] = ([j.matrix() for j in joined],
+                                [QuantWeight(down.ggml_type, down.cols, b).matrix() for b in down.blocks])
+                continue
+            dense = {k: torch.stack([QuantWeight(w.ggml_type, w.cols, b).dense() for b in w.blocks])
+                     for k, w in parts.items()}
+            self.state[f"{prefix}.moe.gate_up"] = torch.cat([dense["gate_exps"], dense["up_exps"]], dim=1)
+            self.state[f"{prefix}.moe.down"] = dense["down_exps"]
+        self._expert_blocks.clear()
+        return held
+
+    def _quant_linears(self, model: CausalLM) -> DenseScratch:
         """Put a QuantLinear where the state holds a QuantWeight, with dense copies if they fit."""
         quantized = {name: self.state.pop(name) for name, w in list(self.state.items())
                      if isinstance(w, QuantWeight)}
@@ -154,3 +186,4 @@ class WeightSink:
             bias = getattr(owner, child).bias is not None
             setattr(owner, child, QuantLinear(matrix, bias, scratch, dense=dense,
                                               precise=name == "lm_head.weight"))
+        return scratch
