@@ -134,12 +134,10 @@ def _base(w: gguf.GGUFWriter, h: HParams) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
-        for add, key in ((w.add_rope_scaling_yarn_ext_factor, "extrapolation_factor"),
-                         (w.add_rope_scaling_yarn_attn_factor, "attention_factor"),
-                         (w.add_rope_scaling_yarn_beta_fast, "beta_fast"),
-                         (w.add_rope_scaling_yarn_beta_slow, "beta_slow")):
-            if rp.get(key) is not None:
-                add(rp[key])
+        _add_present(rp, ((w.add_rope_scaling_yarn_ext_factor, "extrapolation_factor"),
+                          (w.add_rope_scaling_yarn_attn_factor, "attention_factor"),
+                          (w.add_rope_scaling_yarn_beta_fast, "beta_fast"),
+                          (w.add_rope_scaling_yarn_beta_slow, "beta_slow")))
     elif rope_type in ("su", "longrope"):
         w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
     if (theta := rp.get("rope_theta")) is not None:
@@ -211,18 +209,24 @@ def _qwen_moe(w, h):
         w.add_expert_shared_feed_forward_length(v)
 
 
+def _shape_keys(w, h) -> None:
+    """The model's shape, for the converters that write their own key set (Phi-3, Gemma 2)."""
+    c = h.c
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(h.n_layers)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c.get("num_key_value_heads") or c["num_attention_heads"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+
+
 def _phi3(w, h):
     """Phi3MiniModel: its own key set (no TextModel base)."""
     c, rp = h.c, h.rope_full
     rope_dims = int(rp.get("partial_rotary_factor", 1.0) * c["hidden_size"]) // c["num_attention_heads"]
     w.add_context_length(h.find("n_positions", "max_position_embeddings"))
     w.add_rope_scaling_orig_ctx_len(_orig_ctx(h))
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_block_count(h.n_layers)
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    _shape_keys(w, h)
     w.add_rope_dimension_count(rope_dims)
     w.add_rope_freq_base(rp["rope_theta"])
     w.add_file_type(h.ftype)
@@ -269,12 +273,7 @@ def _gemma2(w, h):
     """Gemma2Model: its own key set (no TextModel base, so no rope.freq_base)."""
     c = h.c
     w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_block_count(h.n_layers)
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c.get("num_key_value_heads") or c["num_attention_heads"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    _shape_keys(w, h)
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
     w.add_file_type(h.ftype)
@@ -329,17 +328,22 @@ def _gpt_oss_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch
         yield name, t
 
 
+def _add_present(source: dict, adders) -> None:
+    """Write each (writer method, config key) whose key the config has."""
+    for add, key in adders:
+        if source.get(key) is not None:
+            add(source[key])
+
+
 def _glm4_moe(w, h):
     c = h.c
     _base(w, h)
     partial = c.get("partial_rotary_factor", h.rope_full.get("partial_rotary_factor", 0.5))
     w.add_rope_dimension_count(int(h.head_dim * partial))
-    for add, key in ((w.add_expert_count, "n_routed_experts"),
+    _add_present(c, ((w.add_expert_count, "n_routed_experts"),
                      (w.add_expert_feed_forward_length, "moe_intermediate_size"),
                      (w.add_expert_shared_count, "n_shared_experts"),
-                     (w.add_leading_dense_block_count, "first_k_dense_replace")):
-        if c.get(key) is not None:
-            add(c[key])
+                     (w.add_leading_dense_block_count, "first_k_dense_replace")))
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if c.get("routed_scaling_factor") is not None:
         w.add_expert_weights_scale(c["routed_scaling_factor"])
