@@ -215,6 +215,8 @@ def _gguf_rope_scaling(md: dict, arch: str) -> dict | None:
                 "beta_fast": float(get("yarn_beta_fast", 32.0)), "beta_slow": float(get("yarn_beta_slow", 1.0)),
                 "extrapolation_factor": _unset_below_zero(get("yarn_ext_factor"), 1.0),
                 "attention_multiplier": float(get("yarn_attn_factor", 1.0))}
+    if kind not in (None, "none", "linear", "longrope"):   # LongRoPE's factors are tensors (the loader)
+        raise ValueError(f"{arch}: unsupported rope scaling {kind!r} in the GGUF")
     return None
 
 
