@@ -167,8 +167,7 @@ _LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attentio
 
 
 def _partial_rotary(cfg: dict) -> float:
-    params = cfg.get("rope_parameters") or {}
-    return float(cfg.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0)
+    return float(cfg.get("partial_rotary_factor") or _rope_params(cfg).get("partial_rotary_factor") or 1.0)
 
 
 def _rope_params(cfg: dict) -> dict:
