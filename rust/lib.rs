@@ -1,6 +1,7 @@
 //! Native core of guided: everything that runs once per token for every
 //! sequence. Pure Rust; the PyO3 layer in `python.rs` only translates.
 
+pub mod attention;
 pub mod block_manager;
 pub mod closing;
 #[cfg(feature = "cuda")]
@@ -17,6 +18,8 @@ pub mod sequence;
 
 #[cfg(feature = "python")]
 mod python;
+#[cfg(feature = "python")]
+mod python_attention;
 #[cfg(feature = "python")]
 mod python_cuda;
 #[cfg(feature = "python")]

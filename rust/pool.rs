@@ -6,7 +6,7 @@
 //! matmuls took 66 µs each back to back and 120 µs each with 200 µs of other
 //! work between calls). Here the caller takes part in its own loop and the
 //! helpers spin for a while after their last task before they sleep, so a
-//! call that follows within [`SPIN`] starts on every thread at once. Rayon has
+//! call that follows within [`SPIN`] (or `GUIDED_KERNEL_SPIN_US`) starts on every thread at once. Rayon has
 //! no setting for this; everything else in guided keeps using rayon.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,8 +14,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long an idle helper spins before it sleeps.
+/// How long an idle helper spins before it sleeps, unless the environment's
+/// `GUIDED_KERNEL_SPIN_US` says otherwise (0: sleep at once, for a machine
+/// shared with other work, at the cost of a wake-up per call).
 const SPIN: Duration = Duration::from_millis(2);
+
+fn spin() -> Duration {
+    static SET: OnceLock<Duration> = OnceLock::new();
+    *SET.get_or_init(|| {
+        std::env::var("GUIDED_KERNEL_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(SPIN, Duration::from_micros)
+    })
+}
 
 struct Job {
     /// The loop body; only called for claimed indices below `tasks`, all of
@@ -25,6 +37,8 @@ struct Job {
     next: AtomicUsize,
     done: AtomicUsize,
     panicked: AtomicBool,
+    /// Whether the helpers spin after this job, for a next call soon (see [`run_then_sleep`]).
+    linger: bool,
 }
 
 impl Job {
@@ -71,13 +85,15 @@ fn pool() -> &'static Pool {
 
 fn helper(shared: &Shared) {
     let mut seen = 0;
+    let spin = spin();
+    let mut linger = true;
     loop {
         let start = Instant::now();
         let mut spins = 0u32;
         while shared.epoch.load(Ordering::Acquire) == seen {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && start.elapsed() > SPIN {
+            if !linger || (spins % 256 == 0 && start.elapsed() >= spin) {
                 let guard = shared.job.lock().unwrap();
                 let _guard = shared.wake.wait_while(guard, |_| shared.epoch.load(Ordering::Acquire) == seen).unwrap();
                 break;
@@ -86,6 +102,7 @@ fn helper(shared: &Shared) {
         seen = shared.epoch.load(Ordering::Acquire);
         let job = shared.job.lock().unwrap().clone();
         if let Some(job) = job {
+            linger = job.linger;
             job.work();
         }
     }
@@ -98,6 +115,17 @@ pub fn threads() -> usize {
 
 /// Run `body(i)` for every i in 0..tasks, on the caller and the helpers; returns when all are done.
 pub fn run(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
+    run_job(tasks, body, true)
+}
+
+/// As [`run`], but the helpers sleep as soon as the loop is done: for calls
+/// between which other threads need the cores (torch's own, in a step whose
+/// matmuls are torch's), where spinning helpers slowed a float32 step by a third.
+pub fn run_then_sleep(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
+    run_job(tasks, body, false)
+}
+
+fn run_job(tasks: usize, body: &(dyn Fn(usize) + Sync), linger: bool) {
     let pool = pool();
     if tasks <= 1 || pool.threads == 1 {
         (0..tasks).for_each(body);
@@ -112,6 +140,7 @@ pub fn run(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
+        linger,
     });
     {
         let mut slot = pool.shared.job.lock().unwrap();

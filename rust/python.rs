@@ -267,6 +267,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::python_quant::PyQuantMatrix>()?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_formats, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::python_attention::cpu_paged_attention, m)?)?;
     crate::python_cuda::register(m)?;
     Ok(())
 }

@@ -312,6 +312,19 @@ def quant_kernels() -> str | None:
 def quant_formats() -> list[tuple[str, int]]:
     """(name, ggml type id) of every weight format with a quantized kernel."""
 
+def cpu_paged_attention(q: npt.NDArray[np.float32], k_cache: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
+                        v_cache: npt.NDArray[np.float32] | npt.NDArray[np.uint16],
+                        block_tables: npt.NDArray[np.int32], seq: npt.NDArray[np.int32],
+                        pos: npt.NDArray[np.int32], out: npt.NDArray[np.float32], scale: float,
+                        window: int | None = None, softcap: float | None = None,
+                        sinks: npt.NDArray[np.float32] | None = None) -> None:
+    """out [rows, heads, head_size] = each query row's attention over positions
+    0..=pos[r] of sequence seq[r] (its block table row), computed on its own
+    (rust/attention.rs): the same bits in any batch. Caches [blocks,
+    block_size, kv_heads, head_size], float32 or bfloat16 as uint16 bits;
+    `window`: the last positions seen; `softcap`: tanh capping; `sinks`: one
+    logit per head joining the softmax. Bad shapes or tables: ValueError."""
+
 # -- the CUDA kernels (cuda/) and their CPU references ----------------------
 
 def cuda_status() -> tuple[bool, str]:

@@ -7,6 +7,12 @@ back by gathering its blocks through its block-table row.
 What depends only on the step (which blocks to gather, the masks) is worked out
 once per forward in an AttentionPlan and reused by every layer.
 
+On a CPU every layer's attention is one native call (rust/attention.rs): each
+query row is computed on its own and reads the cache in place, so a row's
+result is the same whatever batch, chunk or cached prefix it comes with
+(windows, soft-caps and sinks included). The rest of this file is the torch
+path, which CUDA steps take.
+
 Grouped-query attention is done without copying K/V per query head: the g query
 heads that share a kv head are stacked as extra query rows of that kv head, so
 SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import _native
 from . import cuda_ops
 
 
@@ -46,6 +54,9 @@ class AttentionMetadata:
     block_size: int
     is_decode_only: bool
     kernels: bool = False          # our CUDA kernels run this step (the runner's choice, made once)
+    #: the step's heavy ops are all native (quantized linears): the native kernels' threads spin
+    #: between calls; otherwise they sleep at once and leave the cores to torch's
+    native_only: bool = False
 
 
 @dataclass
@@ -91,11 +102,35 @@ class _PrefillChunk:
     masks: _Masks              # [n, ctx] bool, causal, offset by the tokens cached before the chunk
 
 
+@dataclass
+class _CpuRows:
+    """The native CPU attention's view of a step: each query row's sequence
+    (a row of `tables`) and position."""
+    tables: np.ndarray   # [B, M] int32
+    seq: np.ndarray      # [T] int32
+    pos: np.ndarray      # [T] int32
+
+    @staticmethod
+    def of(attn: AttentionMetadata) -> _CpuRows:
+        counts = np.diff(attn.query_start_loc.numpy()).astype(np.int64)
+        seq = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        first = attn.context_lens.numpy().astype(np.int64) - counts        # each sequence's first new position
+        offset = np.arange(int(counts.sum())) - np.repeat(attn.query_start_loc.numpy()[:-1].astype(np.int64), counts)
+        pos = (np.repeat(first, counts) + offset).astype(np.int32)
+        return _CpuRows(np.ascontiguousarray(attn.block_tables.numpy(), dtype=np.int32), seq, pos)
+
+
 class AttentionPlan:
-    def __init__(self, attn: AttentionMetadata, device: torch.device):
+    """`native` (on a CPU): attention by rust/attention.rs, each row on its own
+    (the same result in any batch, chunk or cache state); False keeps torch's
+    SDPA over gathered blocks, the path a CUDA prefill takes."""
+
+    def __init__(self, attn: AttentionMetadata, device: torch.device, native: bool = True):
         self.block_size = attn.block_size
         self.slot_mapping = attn.slot_mapping.to(device=device, dtype=torch.long)
         self.kernels = attn.kernels
+        self.cpu_rows = _CpuRows.of(attn) if native and device.type == "cpu" else None
+        self.native_only = attn.native_only
         self.decode: _DecodeGroup | None = None
         self.prefills: list[_PrefillChunk] = []
         #: (block tables, context lengths) as int32 for the CUDA decode kernel
@@ -103,6 +138,8 @@ class AttentionPlan:
         if attn.is_decode_only and attn.kernels:
             self.kernel_decode = (attn.block_tables.to(device=device, dtype=torch.int32),
                                   attn.context_lens.to(device=device, dtype=torch.int32))
+        if self.cpu_rows is not None:
+            return
         tables = attn.block_tables.to(device=device, dtype=torch.long)
         lens = attn.context_lens.to(device=device, dtype=torch.long)
         if attn.is_decode_only:
@@ -163,6 +200,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q: [T, H, d] for the new tokens (their K/V already written); `sinks` [H]: each
     head's sink logit, where the layer has them. Returns [T, H*d] in q's dtype; the
     cache may hold a narrower one."""
+    if plan.cpu_rows is not None:
+        return _native_cpu(q, k_cache, v_cache, plan, scores, sinks)
     if q.dtype != k_cache.dtype:
         return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scores, sinks).to(q.dtype)
     t, h, d = q.shape
@@ -180,6 +219,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if group is not None:
         out[group.rows] = _decode(q.index_select(0, group.rows), k_cache, v_cache, group, scores, sinks)
     return out
+
+
+def _native_cpu(q, k_cache, v_cache, plan: AttentionPlan, scores: Scores, sinks) -> torch.Tensor:
+    t, h, d = q.shape
+    rows = plan.cpu_rows
+    out = torch.empty(t, h, d)
+    caches = [c.numpy() if c.dtype == torch.float32 else c.view(torch.int16).numpy().view(np.uint16)
+              for c in (k_cache, v_cache)]
+    _native.cpu_paged_attention(
+        q.float().contiguous().numpy(), *caches, rows.tables, rows.seq, rows.pos, out.numpy(),
+        scores.scale, scores.window, scores.softcap,
+        None if sinks is None else sinks.float().contiguous().numpy(), plan.native_only)
+    return out.view(t, h * d).to(q.dtype)
 
 
 def _attend(q, keys, values, mask, scores: Scores, sinks: torch.Tensor | None = None):

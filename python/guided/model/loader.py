@@ -71,12 +71,15 @@ def _cpu_has_native_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def _quantized_on_cpu(requested, device: torch.device) -> bool:
+def _quantized_on_cpu(requested, device: torch.device, split: bool) -> bool:
     """Whether the linear layers keep a GGUF's block formats (ggml's kernels):
-    dtype="gguf" on a CPU with a build of the kernels. Decode reads a fifth of
-    the fp32 bytes (Q4_1), as llama.cpp does. Not yet the default: the live
-    server's answer to one test prompt differs from fp32's (issue 21's note)."""
-    return device.type == "cpu" and requested == "gguf" and kernels_available()
+    the default on a CPU with a build of the kernels, and dtype="gguf". Decode
+    reads a fifth of the fp32 bytes (Q4_1), as llama.cpp does, and every row
+    takes the same kernel, so a request's answer does not depend on its batch
+    or chunking (quant_linear.py). A model split over ranks (`split`) is held
+    dense: tensor parallelism splits dense weights."""
+    wanted = requested == "gguf" or (requested is None and not split)
+    return device.type == "cpu" and wanted and kernels_available()
 
 
 def _bf16_weights_on_cpu(requested, dt: torch.dtype, device: torch.device) -> bool:
@@ -135,7 +138,7 @@ def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype 
         info = hf_tokenizer_info(path, raw)
     else:
         from .gguf_loader import gguf_tokenizer_info, load_gguf
-        config, model, md = load_gguf(path, dt, dev, quantized=_quantized_on_cpu(dtype, dev))
+        config, model, md = load_gguf(path, dt, dev, quantized=_quantized_on_cpu(dtype, dev, tensor_group is not None))
         info = gguf_tokenizer_info(md)
     formats = tuple(sorted({m.matrix.format for m in model.modules() if isinstance(m, QuantLinear)}))
     if tensor_group is not None:

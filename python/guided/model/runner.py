@@ -19,7 +19,6 @@ from . import cuda_ops
 from .attention import AttentionMetadata
 from .decoder import allocate_kv_cache
 from .loader import LoadedModel
-from .quant_linear import DENSE_FROM_ROWS_DEFAULT
 
 log = logging.getLogger("guided.model")
 
@@ -70,19 +69,18 @@ class ModelRunner:
                         "(SDPA over the gathered KV blocks)", self.device, why)
         return ok
 
-    def _step_threads(self, plan) -> int | None:
+    def _step_threads(self) -> int | None:
         """The torch threads for this step, where not torch's own setting (the
         process's: set for the step and restored after it).
 
-        With quantized weights a step of few tokens runs torch on one thread:
-        its linears run in the kernels' own threads (rust/pool.rs), and its
+        With quantized weights a step runs torch on one thread: its linears and
+        its attention run in the kernels' own threads (rust/pool.rs), and its
         other ops are too small for torch to split, yet torch's idle OpenMP
         threads spin after every op on the cores the kernels need (2-core
-        AVX2 EPYC, batch 1: 22 → 53 tok/s; batch 16: 70 → 137). A step of
-        many tokens (a prefill) multiplies dense copies: all threads.
+        AVX2 EPYC, batch 1: 22 → 53 tok/s; batch 16: 70 → 137).
         Tensor-parallel ranks on one host split its cores.
         """
-        if self.loaded.weight_formats and plan.num_tokens < DENSE_FROM_ROWS_DEFAULT:
+        if self.loaded.weight_formats:
             return 1
         return self.group.threads if self.group is not None else None
 
@@ -109,7 +107,7 @@ class ModelRunner:
         sample come back as float32 [R, V] on the host (None if no row samples,
         and on tensor-parallel ranks other than 0, which take
         ``parallel.StepArrays``)."""
-        threads, before = self._step_threads(plan), torch.get_num_threads()
+        threads, before = self._step_threads(), torch.get_num_threads()
         if threads is not None and threads != before:
             torch.set_num_threads(threads)
         try:
@@ -128,7 +126,8 @@ class ModelRunner:
             slot_mapping=t(plan.slot_mapping), block_tables=t(plan.block_tables),
             context_lens=t(plan.context_lens), query_start_loc=t(plan.query_start_loc),
             max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
-            block_size=self.block_size, is_decode_only=plan.is_decode_only, kernels=self.kernels)
+            block_size=self.block_size, is_decode_only=plan.is_decode_only, kernels=self.kernels,
+            native_only=bool(self.loaded.weight_formats))
         hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
         if len(plan.logits_indices) == 0:
             return None

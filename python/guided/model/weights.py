@@ -5,7 +5,7 @@ import torch
 
 from .config import ModelConfig
 from .decoder import CausalLM
-from .quant_linear import DenseScratch, QuantLinear, QuantWeight, dense_copy_budget
+from .quant_linear import QuantLinear, QuantWeight
 
 
 #: a GGUF's 3-D expert tensors, which may stay in their blocks (moe.MoE.hold_blocks)
@@ -139,10 +139,10 @@ class WeightSink:
             self.config.tie_word_embeddings = True
         experts = self._quant_experts()
         model = CausalLM(self.config)
-        scratch = self._quant_linears(model)
+        self._quant_linears(model)
         for prefix, (gate_up, down) in experts.items():
             model.get_submodule(f"{prefix}.moe").hold_blocks(
-                [QuantLinear(m, False, scratch) for m in gate_up], [QuantLinear(m, False, scratch) for m in down])
+                [QuantLinear(m, False) for m in gate_up], [QuantLinear(m, False) for m in down])
         model.load_state_dict(self.state, strict=True, assign=True)
         model.eval()
         return model
@@ -167,23 +167,13 @@ class WeightSink:
         self._expert_blocks.clear()
         return held
 
-    def _quant_linears(self, model: CausalLM) -> DenseScratch:
-        """Put a QuantLinear where the state holds a QuantWeight, with dense copies if they fit."""
+    def _quant_linears(self, model: CausalLM) -> None:
+        """Put a QuantLinear where the state holds a QuantWeight."""
         quantized = {name: self.state.pop(name) for name, w in list(self.state.items())
                      if isinstance(w, QuantWeight)}
-        tied_dense = self.state.get("embed_tokens.weight") if self.tied_head is not None else None
-        copy_bytes = sum(4 * w.blocks.shape[0] * w.cols for name, w in quantized.items()
-                         if not (name == "lm_head.weight" and tied_dense is not None))
-        keep_dense = copy_bytes <= dense_copy_budget()
-        scratch = DenseScratch()
         for name, weight in quantized.items():
-            matrix, dense = weight.matrix(), None   # the blocks copied into Rust once
-            if keep_dense:
-                dense = tied_dense if name == "lm_head.weight" and tied_dense is not None else \
-                    torch.from_numpy(matrix.dequantize())
             parent, _, child = name.removesuffix(".weight").rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             bias = getattr(owner, child).bias is not None
-            setattr(owner, child, QuantLinear(matrix, bias, scratch, dense=dense,
-                                              precise=name == "lm_head.weight"))
-        return scratch
+            # the blocks are copied into Rust once
+            setattr(owner, child, QuantLinear(weight.matrix(), bias, precise=name == "lm_head.weight"))
