@@ -51,19 +51,13 @@ impl PyQuantMatrix {
         self.inner.format_name()
     }
 
-    /// Whether `matmul(precise=True)` makes its second pass for this format.
-    #[getter]
-    fn has_precise(&self) -> bool {
-        self.inner.has_precise()
-    }
-
     #[getter]
     fn nbytes(&self) -> usize {
         self.inner.nbytes()
     }
 
     /// out[b, r] = Σ_c x[b, c] · W[r, c]; `x` [batch, cols] and `out` [batch, rows], float32, C-contiguous.
-    /// `precise`: a second pass over the 8-bit activations' rounding error (see `has_precise`).
+    /// `precise`: a second pass over the 8-bit activations' rounding error (about 16-bit activations).
     #[pyo3(signature = (x, out, precise = false))]
     fn matmul(&self, py: Python<'_>, x: PyReadonlyArray2<'_, f32>, mut out: PyReadwriteArray2<'_, f32>, precise: bool) -> PyResult<()> {
         let (xs, os) = (x.shape().to_vec(), out.shape().to_vec());

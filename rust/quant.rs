@@ -248,19 +248,12 @@ impl QuantMatrix {
         &self.data
     }
 
-    /// Whether [`matmul`](Self::matmul) can take a second pass over the
-    /// activations' rounding error: ggml dequantizes the activation format.
-    pub fn has_precise(&self) -> bool {
-        Block::to_float(FORMATS[self.format].2).is_some()
-    }
-
     /// out[b, r] = Σ_c x[b, c] · W[r, c], for `x` [batch, cols] and `out` [batch, rows].
     ///
     /// With `precise`, the part of `x` the 8-bit activations lost is quantized
     /// too and multiplied in a second dot product: the result is then that of
-    /// about 16-bit activations (the output head, where a near tie between two
-    /// tokens must not flip on rounding). Where ggml cannot dequantize the
-    /// activation format ([`has_precise`](Self::has_precise)), one pass is made.
+    /// about 16-bit activations (where a near tie between two tokens must not
+    /// flip on rounding).
     pub fn matmul(&self, x: &[f32], out: &mut [f32], precise: bool) {
         let batch = x.len() / self.cols;
         assert!(x.len() == batch * self.cols && out.len() == batch * self.rows, "matmul shapes");
@@ -268,16 +261,15 @@ impl QuantMatrix {
         let act_ty = FORMATS[self.format].2;
         let (quantize, act) = (k.quantize[self.act.0], self.act.1);
         let act_row = act.row_bytes(self.cols);
-        let residual = if precise { Block::to_float(act_ty) } else { None };
-        let passes = if residual.is_some() { 2 } else { 1 };
+        let passes = if precise { 2 } else { 1 };
         // [batch][pass] activation rows
         let mut xq = vec![0u8; batch * passes * act_row];
         let cols = self.cols;
         let quantize_row = |(src, dst): (&[f32], &mut [u8])| unsafe {
             quantize(src.as_ptr(), dst.as_mut_ptr().cast(), cols as i64);
-            if let Some(to_float) = residual {
+            if precise {
                 let mut rest = vec![0f32; cols];
-                to_float(dst.as_ptr().cast(), rest.as_mut_ptr(), cols as i64);
+                dequantize_activations(act_ty, act.bytes, dst, &mut rest);
                 rest.iter_mut().zip(src).for_each(|(r, x)| *r = x - *r);
                 quantize(rest.as_ptr(), dst[act_row..].as_mut_ptr().cast(), cols as i64);
             }
@@ -316,6 +308,39 @@ impl QuantMatrix {
             to_float(self.data[r * row_bytes..].as_ptr().cast(), row.as_mut_ptr(), cols as i64)
         });
     }
+}
+
+/// An activation row in Q8_0, Q8_1 or Q8_K back to f32: every block is a
+/// scale (f16, or f32 for Q8_K) first, then its 8-bit values (Q8_1 keeps a
+/// sum between them, Q8_K sums after them); ggml dequantizes only Q8_0.
+fn dequantize_activations(ty: u32, block_bytes: usize, src: &[u8], out: &mut [f32]) {
+    let (values, per_block) = if ty == Q8_K { (4, 256) } else { (if ty == Q8_1 { 4 } else { 2 }, 32) };
+    for (block, out) in src.chunks_exact(block_bytes).zip(out.chunks_exact_mut(per_block)) {
+        let d = if ty == Q8_K {
+            f32::from_le_bytes([block[0], block[1], block[2], block[3]])
+        } else {
+            f16_to_f32(u16::from_le_bytes([block[0], block[1]]))
+        };
+        for (o, &q) in out.iter_mut().zip(&block[values..values + per_block]) {
+            *o = d * q as i8 as f32;
+        }
+    }
+}
+
+/// IEEE half → f32 (every value exact).
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let (exp, mant) = (((h >> 10) & 0x1f) as u32, (h & 0x3ff) as u32);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            let shift = mant.leading_zeros() - 21; // subnormal: normalise the mantissa
+            sign | ((113 - shift) << 23) | ((mant << shift) & 0x3ff) << 13
+        }
+        (31, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 112) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
 }
 
 #[derive(Clone, Copy)]
@@ -376,6 +401,22 @@ mod tests {
         assert!(QuantMatrix::new(3, 2, 33, vec![0; 40]).err().expect("refused").contains("blocks"));
         assert!(QuantMatrix::new(3, 2, 32, vec![0; 41]).err().expect("refused").contains("takes 40"));
         assert!(QuantMatrix::new(0, 2, 32, vec![0; 256]).err().expect("refused").contains("no quantized CPU kernel"));
+    }
+
+    #[test]
+    fn halves_convert_exactly() {
+        for h in 0..=u16::MAX {
+            let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+            let (exp, mant) = (((h >> 10) & 0x1f) as i32, (h & 0x3ff) as f64);
+            let want = sign * match exp {
+                0 => mant * 2f64.powi(-24),
+                31 if mant == 0.0 => f64::INFINITY,
+                31 => f64::NAN,
+                e => (1.0 + mant / 1024.0) * 2f64.powi(e - 15),
+            };
+            let got = super::f16_to_f32(h);
+            assert!(got == want as f32 || (got.is_nan() && want.is_nan()), "{h:#x}: {got} vs {want}");
+        }
     }
 
     fn f16_bits(x: f32) -> u16 {

@@ -18,7 +18,7 @@ import numpy.typing as npt
 from guided.sampling_params import SamplingParams
 
 __all__ = ["Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
-           "check_sample_params", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
+           "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
            "cuda_paged_decode", "cuda_status", "cuda_write_kv", "quant_formats", "quant_kernels",
            "reference_masked_sample", "reference_paged_decode"]
 
@@ -291,10 +291,6 @@ class QuantMatrix:
     def format(self) -> str:
         """ggml's name of the block format, e.g. "Q4_1"."""
     @property
-    def has_precise(self) -> bool:
-        """Whether ``matmul(precise=True)`` makes its second pass (ggml
-        dequantizes the activation format: Q8_0, not Q8_1 or Q8_K)."""
-    @property
     def nbytes(self) -> int: ...
     def matmul(self, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32], precise: bool = False) -> None:
         """out[b, r] = Σ_c x[b, c] · W[r, c]; x [batch, cols], out [batch, rows],
@@ -317,13 +313,15 @@ def cpu_paged_attention(q: npt.NDArray[np.float32], k_cache: npt.NDArray[np.floa
                         block_tables: npt.NDArray[np.int32], seq: npt.NDArray[np.int32],
                         pos: npt.NDArray[np.int32], out: npt.NDArray[np.float32], scale: float,
                         window: int | None = None, softcap: float | None = None,
-                        sinks: npt.NDArray[np.float32] | None = None) -> None:
+                        sinks: npt.NDArray[np.float32] | None = None, linger: bool = True) -> None:
     """out [rows, heads, head_size] = each query row's attention over positions
     0..=pos[r] of sequence seq[r] (its block table row), computed on its own
     (rust/attention.rs): the same bits in any batch. Caches [blocks,
     block_size, kv_heads, head_size], float32 or bfloat16 as uint16 bits;
     `window`: the last positions seen; `softcap`: tanh capping; `sinks`: one
-    logit per head joining the softmax. Bad shapes or tables: ValueError."""
+    logit per head joining the softmax; `linger`: the kernel threads spin
+    after the call for the next native kernel (False: they sleep, leaving the
+    cores to torch's threads). Bad shapes or tables: ValueError."""
 
 # -- the CUDA kernels (cuda/) and their CPU references ----------------------
 

@@ -47,7 +47,7 @@ def test_quantized_matmul_equals_dequantize_then_matmul(name):
         x = rng.standard_normal((batch, cols)).astype(np.float32)
         want = x.astype(np.float64) @ dense.T.astype(np.float64)
         scale = np.abs(x) @ np.abs(dense).T    # what the rounding of 8-bit activations is relative to
-        for precise, tolerance in ((False, 2e-2), (True, 2e-4 if m.has_precise else 2e-2)):
+        for precise, tolerance in ((False, 2e-2), (True, 2e-4)):
             out = np.full((batch, rows), np.nan, dtype=np.float32)
             m.matmul(x, out, precise)
             err = np.abs(out - want) / scale

@@ -133,7 +133,7 @@ def test_responses_stream_adds_up_to_the_whole(oai):
     """Typed events in order, numbered from 0; their deltas rebuild the
     same output as the same request answered whole (greedy)."""
     client, model = oai
-    for args in (dict(input="What is the capital of France?", max_output_tokens=24),
+    for args in (dict(input="Name the capital of France.", max_output_tokens=24),
                  dict(instructions=SYSTEM, input=ASK, tools=TOOLS, tool_choice="required",
                       parallel_tool_calls=False, max_output_tokens=96)):
         whole = client.responses.create(model=model, **args, **GREEDY)
@@ -268,7 +268,7 @@ def test_messages_tools_any_named_and_auto(claude, oai):
 
 def test_messages_stream_adds_up_and_count_tokens(claude, oai):
     model = oai[1]
-    for args in (dict(messages=[{"role": "user", "content": "What is the capital of France?"}],
+    for args in (dict(messages=[{"role": "user", "content": "Name the capital of France."}],
                       max_tokens=24, stop_sequences=["Paris"]),
                  dict(system=SYSTEM, messages=[{"role": "user", "content": ASK}], max_tokens=96,
                       tools=CLAUDE_TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True})):
@@ -288,7 +288,7 @@ def test_messages_stream_adds_up_and_count_tokens(claude, oai):
 
 def test_messages_stop_sequence(claude, oai):
     out = claude.messages.create(model=oai[1], max_tokens=24, stop_sequences=["Paris"],
-                                 messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                 messages=[{"role": "user", "content": "Name the capital of France."}],
                                  extra_body=GREEDY)
     assert (out.stop_reason, out.stop_sequence) == ("stop_sequence", "Paris")
     assert "Paris" not in out.content[0].text

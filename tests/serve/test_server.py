@@ -22,7 +22,7 @@ def model(client) -> str:
     return client.models.list().data[0].id
 
 
-ASK = [{"role": "user", "content": "What is the capital of France?"}]
+ASK = [{"role": "user", "content": "Name the capital of France."}]
 
 
 # -- 1. the basics ---------------------------------------------------------
@@ -75,7 +75,7 @@ def test_continue_final_message_as_vllm(client, model):
         model=model, messages=start, temperature=0, max_tokens=8,
         extra_body={"add_generation_prompt": False, "continue_final_message": True})
     rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-                "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                "Face<|im_end|>\n<|im_start|>user\nName the capital of France.<|im_end|>\n"
                 "<|im_start|>assistant\nThe capital of France is")
     plain = client.completions.create(model=model, prompt=rendered, temperature=0, max_tokens=8)
     assert out.choices[0].message.content == plain.choices[0].text
