@@ -39,9 +39,9 @@ impl KvElem for u16 {
     }
 }
 
-/// The sizes of one call: caches are [num_blocks, block_size, kv_heads, head_size],
-/// block tables [sequences, max_blocks].
-#[derive(Debug, Clone, Copy)]
+/// The paged cache's sizes: caches are [num_blocks, block_size, kv_heads, head_size],
+/// block tables [sequences, max_blocks] (also the CUDA decode kernel's, `cuda_reference::DecodeShape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub heads: usize,
     pub kv_heads: usize,

@@ -9,6 +9,7 @@
 //! (`random.rs`: a hash of seed, step and token), so a seeded draw here
 //! picks what the GPU picks, up to the last bit of an `exp` or `ln` at a tie.
 
+use crate::attention::Layout;
 use crate::random::gumbel;
 
 /// Positions are split over this many partitions (the kernel's warps), each
@@ -17,17 +18,20 @@ pub const WARPS: usize = 4;
 /// Head sizes the decode kernel is built for.
 pub const HEAD_SIZES: [usize; 2] = [64, 128];
 
-/// The sizes of one decode-attention call.
+/// The sizes of one decode-attention call: one query row per sequence, over
+/// the paged cache's [`Layout`] (whose fields it reads as its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
     pub seqs: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_size: usize,
-    pub num_blocks: usize,
-    pub block_size: usize,
-    /// Columns of the block table.
-    pub max_blocks: usize,
+    pub paged: Layout,
+}
+
+impl std::ops::Deref for DecodeShape {
+    type Target = Layout;
+
+    fn deref(&self) -> &Layout {
+        &self.paged
+    }
 }
 
 impl DecodeShape {
@@ -434,11 +438,12 @@ mod tests {
 
     #[test]
     fn bad_calls_are_refused() {
-        let shape = DecodeShape { seqs: 1, heads: 6, kv_heads: 4, head_size: 64, num_blocks: 2, block_size: 16, max_blocks: 2 };
+        let paged = Layout { heads: 6, kv_heads: 4, head_size: 64, num_blocks: 2, block_size: 16, max_blocks: 2 };
+        let shape = DecodeShape { seqs: 1, paged };
         assert!(shape.check().unwrap_err().contains("multiple of kv_heads"));
-        let shape = DecodeShape { heads: 8, head_size: 80, ..shape };
+        let shape = DecodeShape { paged: Layout { heads: 8, head_size: 80, ..paged }, ..shape };
         assert!(shape.check().unwrap_err().contains("head size 80"));
-        let shape = DecodeShape { head_size: 64, ..shape };
+        let shape = DecodeShape { paged: Layout { heads: 8, ..paged }, ..shape };
         assert!(shape.check_tables(&[0, 5], &[20]).unwrap_err().contains("block 5"));
         assert!(shape.check_tables(&[0, 1], &[40]).unwrap_err().contains("longer"));
         assert!(check_sample(1, 100, Some(3), &[row(1.0, 0, 1.0, 0.0, 0)]).unwrap_err().contains("need 4"));

@@ -9,6 +9,7 @@ use numpy::{IntoPyArray, PyArray1, PyArray3, PyArrayMethods, PyReadonlyArray1, P
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::attention::Layout;
 use crate::cuda_reference::{self as reference, DecodeShape, RowParams, SamplePointers};
 
 /// A torch tensor as the launchers see it: (data_ptr, shape, dtype, device,
@@ -136,7 +137,7 @@ pub fn cuda_paged_decode(
         return Err(PyValueError::new_err(format!("k_cache: has shape {:?}, expected [blocks, block_size, kv_heads, head]", k_cache.shape())));
     };
     let max_blocks = block_tables.shape().get(1).copied().unwrap_or(0);
-    let shape = DecodeShape { seqs, heads, kv_heads, head_size: head, num_blocks, block_size, max_blocks };
+    let shape = DecodeShape { seqs, paged: Layout { heads, kv_heads, head_size: head, num_blocks, block_size, max_blocks } };
     expect(&q, "q", &dev, None, &[Some(seqs), Some(heads), Some(head)])?;
     let cache = [Some(num_blocks), Some(block_size), Some(kv_heads), Some(head)];
     let k = expect(&k_cache, "k_cache", &dev, Some(&dt), &cache)?;
@@ -341,15 +342,8 @@ pub fn reference_paged_decode<'py>(
     scale: f32,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (qs, ks) = (q.shape().to_vec(), k_cache.shape().to_vec());
-    let shape = DecodeShape {
-        seqs: qs[0],
-        heads: qs[1],
-        kv_heads: ks[2],
-        head_size: qs[2],
-        num_blocks: ks[0],
-        block_size: ks[1],
-        max_blocks: block_tables.shape()[1],
-    };
+    let paged = Layout { heads: qs[1], kv_heads: ks[2], head_size: qs[2], num_blocks: ks[0], block_size: ks[1], max_blocks: block_tables.shape()[1] };
+    let shape = DecodeShape { seqs: qs[0], paged };
     let out = reference::paged_decode(
         &shape,
         contiguous(q.as_slice(), "q")?,
