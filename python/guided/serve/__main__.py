@@ -34,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "attention and the KV write in guided's CUDA kernels where the build has "
                          "them (said at start), the logits copied to the host for the sampler")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16, or gguf (a GGUF's own quantized "
-                         "weights through ggml's kernels, on the CPU)")
+                         "weights through ggml's kernels, on the CPU: the default there for a GGUF)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
