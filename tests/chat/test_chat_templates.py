@@ -1,5 +1,6 @@
 """The template matrix: every template in ../shared/chat-templates, with no
-weights (tests/helpers/templates.py). For each: the contract probed at load,
+weights, and a few written for the checks real templates make
+(tests/helpers/templates.py). For each: the contract probed at load,
 the tool-call format detected, and that no marker text a client sends
 becomes a control token; then, for a native format, the three
 things that must agree byte for byte (DESIGN.md rules 5 and 6):
@@ -9,6 +10,8 @@ things that must agree byte for byte (DESIGN.md rules 5 and 6):
   auto also a plain answer;
 - the parser reads them back, streamed token by token and whole alike, with
   ids the template takes back;
+- the same for a tool whose parameters keep their types in `$defs`, as
+  pydantic writes them, and calls outside that schema refused;
 - a 3-turn conversation sent back as the OpenAI SDK sends it (content null
   on the call turn, results as role "tool" with the returned ids) renders,
   and each turn's prompt starts with the previous prompt and answer: the
@@ -30,10 +33,10 @@ from guided.chat.chat_format import normalize_messages
 from guided.chat.parser import ChatParser
 from guided.chat.prompt import ControlEscaper, tokenize_rendered
 from guided.chat.request import ChatOptions, _call_lead, prepare_chat
-from guided.chat.tool_formats import PROBE_TOOLS, probe_calls
+from guided.chat.tool_formats import PROBE_CALLS, PROBE_TOOLS, probe_calls
 from guided.outputs import CompletionOutput, RequestOutput
 from guided.sampling_params import SamplingParams
-from helpers.templates import assert_no_injection, template_model, template_names
+from helpers.templates import WRITTEN, assert_no_injection, template_model, template_names
 
 NAMES = template_names()
 ROWS: dict[str, dict] = {}
@@ -50,6 +53,8 @@ ENVELOPE_REASONS = {
     "vllm-tool_chat_template_llama3.2_pythonic.jinja": "it prints string values unquoted "
                                                        "(city=Paris): not a Python call",
     "vllm-tool_chat_template_toolace.jinja": "it appends a stray 'r' to every value: not a Python call",
+    "written: ChatML ids checked": "it shows an assistant's calls nowhere (its ids: "
+                                   "test_ids_the_template_demands)",
 }
 
 
@@ -73,7 +78,7 @@ def print_matrix():
     yield
     if not ROWS:
         return
-    cols = ("format", "parallel", "ids", "empty", "contract", "grammar", "stream", "cache", "note")
+    cols = ("format", "parallel", "ids", "empty", "contract", "grammar", "stream", "refs", "cache", "note")
     print("\n\ntemplate matrix (cache: prefix hit of the previous prompt + answer, turns 2 and 3)")
     print(" | ".join(["template", *cols]))
     for name, row in sorted(ROWS.items()):
@@ -109,14 +114,13 @@ def _tokens(chat, text: str) -> list[int]:
 
 
 def _answer_text(chat, messages: list[dict], reply: dict, prompt_text: str, fallback: str,
-                 following: list[dict]) -> tuple[str, str]:
+                 following: list[dict], tools: list[dict] = PROBE_TOOLS) -> tuple[str, str]:
     """What the model must write for the next turn to keep the prefix: the
     template's own rendering of ``reply`` after the prompt, with the
     ``following`` messages after it as the next turn has them, up to its end
     token (or ``fallback`` where the template re-renders the turn)."""
     full = chat.render(normalize_messages(messages + [reply] + following, chat.tools, chat.contract),
-                       tools=PROBE_TOOLS,
-                       add_generation_prompt=False)
+                       tools=tools, add_generation_prompt=False)
     if not full.startswith(prompt_text):
         return fallback, "the template re-renders the generation prompt in a past turn"
     tail = full[len(prompt_text):]
@@ -176,9 +180,16 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
-@pytest.mark.skipif(not NAMES, reason="../shared/chat-templates is absent")
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=GAPS[n], strict=True))
-                                  if n in GAPS else n for n in NAMES])
+def _matrix() -> list:
+    """The shared templates (one skip with the reason where they are absent)
+    and the ones written here."""
+    shared = [pytest.param(n, marks=pytest.mark.xfail(reason=GAPS[n], strict=True)) if n in GAPS else n
+              for n in NAMES] or [pytest.param("../shared/chat-templates", marks=pytest.mark.skip(
+                  reason="../shared/chat-templates is absent"))]
+    return shared + list(WRITTEN)
+
+
+@pytest.mark.parametrize("name", _matrix())
 def test_template(name, default_gguf):
     m = template_model(name, default_gguf)
     chat, compiler = m.chat, m.compiler
@@ -252,6 +263,7 @@ def test_template(name, default_gguf):
     assert answered.content.endswith(ANSWER) and not answered.tool_calls, (name, answered)
     turn3 = _plan(chat, compiler, messages + [answer] + again, tool_choice="auto")
     ratios.append(_common(turn3.prompt_ids, turn2.prompt_ids + ids2) / len(turn2.prompt_ids + ids2))
+    row["refs"] = _check_refs(name, m)
     row["cache"] = " ".join(f"{r:.1%}" for r in ratios)
     row["note"] = note or note2
     if not (note or note2):
@@ -302,3 +314,116 @@ def test_constructs_beyond_transformers_sandbox_render():
                 "{% set _ = seen.append(args.a | length) %}{{ args.a | tojson }}{% endfor %}"
                 "{{ seen | tojson }}{% set _ = messages.append(1) %}")
     assert render_chat(template, messages) == "user:[1, 2][2]" and len(messages) == 1
+
+
+@pytest.mark.parametrize("name", [n for n in WRITTEN if "ids" in n])
+def test_ids_the_template_demands(name, default_gguf):
+    """A template that refuses any id but 9 characters (Mistral's "Tool call
+    IDs should be alphanumeric strings with length 9!") gets such ids from
+    the engine where the model writes none, the text envelope included: the
+    parsed calls and their results render as the next turn. Ids the model
+    writes ([CALL_ID]) are 9 characters by the grammar."""
+    m = template_model(name, default_gguf)
+    chat, fmt = m.chat, m.chat.tools
+    expected = {"written: Mistral Small 3.2 ids": ("mistral_call_id", "openai"),
+                "written: Mistral ids checked, not shown": ("mistral_args", "alnum9"),
+                "written: ChatML ids checked": ("text_envelope", "alnum9")}[name]
+    assert (fmt.format.name, fmt.id_style) == expected
+    plan = _plan(m.chat, m.compiler, QUESTION, tool_choice="required")
+    calls = probe_calls(fmt.format)
+    end = chat.special.text(min(chat.special.end_ids))
+    whole, _ = _parse(plan, _tokens(chat, fmt.format.render(calls, chat.special) + end), stream=False)
+    reply = whole.message()
+    assert [c["function"]["name"] for c in reply["tool_calls"]] == ["get_weather", "get_time"]
+    assert all(len(c["id"]) == 9 and c["id"].isalnum() for c in reply["tool_calls"]), reply
+    turn2 = _plan(m.chat, m.compiler, QUESTION + [reply] + _results(reply), tool_choice="auto")
+    assert "Sunny, 21 C" in turn2.encoded.text
+    openai_ids = {**reply, "tool_calls": [{**c, "id": f"call_{i}abcdef0123"} for i, c in enumerate(reply["tool_calls"])]}
+    with pytest.raises(ValueError, match="length 9"):
+        _plan(m.chat, m.compiler, QUESTION + [openai_ids] + _results(openai_ids), tool_choice="auto")
+
+
+#: Lazy filters: Jinja gives a generator where a template's author (and
+#: llama.cpp's renderer) sees a list.
+LAZY = ["tools | map(attribute='function')", "tools | map(attribute='function') | map(attribute='name')",
+        "tools | selectattr('type', 'equalto', 'function')", "tools | rejectattr('type', 'equalto', 'x')",
+        "[3, 1, 2] | select('odd')", "[3, 1, 2] | reject('odd')", "[1, 1, 2] | unique",
+        "[1, 2, 3] | reverse", "[1, 2, 3, 4] | batch(3)", "[1, 2, 3, 4] | slice(2)",
+        "tools | map(attribute='function') | map(attribute='parameters') | map(attribute='required')"]
+
+
+def test_lazy_filters_are_lists():
+    """`tojson` and `length` take what `map`, `select`, ... give as the list it
+    stands for (DeepSeek R1's template as llama.cpp ships it writes `tools |
+    map(attribute='function') | tojson(indent=4)`)."""
+    from guided.chat.template import render_chat
+    for expr in LAZY:
+        lazy = render_chat(f"{{{{ {expr} | tojson }}}}|{{{{ {expr} | length }}}}|{{{{ {expr} | count }}}}",
+                           [{"role": "user", "content": "hi"}], tools=PROBE_TOOLS)
+        listed = render_chat(f"{{{{ {expr} | list | tojson }}}}|{{{{ {expr} | list | length }}}}"
+                             f"|{{{{ {expr} | list | length }}}}",
+                             [{"role": "user", "content": "hi"}], tools=PROBE_TOOLS)
+        assert lazy == listed, expr
+    text = render_chat("{{ tools | map(attribute='function') | tojson(indent=4) }}",
+                       [{"role": "user", "content": "hi"}], tools=PROBE_TOOLS)
+    assert json.loads(text) == [t["function"] for t in PROBE_TOOLS] and "\n    " in text
+
+
+#: A tool as pydantic writes one: types in `$defs`, a string enum behind a
+#: `$ref` with a description beside it, an older pydantic's one-member
+#: `allOf`, refs inside the referenced objects.
+DEFS_TOOL = {"type": "function", "function": {"name": "book_trip", "description": "Book a trip", "parameters": {
+    "$defs": {"Cabin": {"type": "string", "enum": ["economy", "business"]},
+              "Code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+              "Place": {"type": "object", "properties": {"city": {"type": "string"},
+                                                         "country": {"$ref": "#/$defs/Code"}},
+                        "required": ["city"], "additionalProperties": False}},
+    "type": "object",
+    "properties": {"cabin": {"$ref": "#/$defs/Cabin", "description": "Cabin class"},
+                   "to": {"allOf": [{"$ref": "#/$defs/Place"}], "description": "Where to"},
+                   "stops": {"type": "array", "items": {"$ref": "#/$defs/Place"}}},
+    "required": ["cabin", "to"]}}}
+DEFS_GOOD = [{"cabin": "business", "to": {"city": "Lima", "country": "PE"}},
+             {"cabin": "economy", "to": {"city": "Oslo"}, "stops": [{"city": "Rome", "country": "IT"}]}]
+DEFS_BAD = [{"cabin": "first", "to": {"city": "Lima"}},                      # not in the enum
+            {"cabin": "economy", "to": {"city": "Lima", "country": "Peru"}},  # not the pattern
+            {"cabin": "economy", "to": {"town": "Lima"}}]                     # not a Place
+
+
+#: Templates that write a non-string argument in a way no JSON grammar
+#: takes: checked here against the format's own rendering instead.
+PYTHON_VALUES = {"ByteDance-Seed-OSS.jinja": "it writes a non-string value with Jinja's `|string`, "
+                                             "Python's repr ({'city': 'Lima'}, True)",
+                 "LFM2.5-8B-A1B.jinja": "it writes a list argument with `|string`, Python's repr "
+                                        "([{'city': 'Rome'}])",
+                 "vllm-tool_chat_template_llama4_pythonic.jinja": "it writes every value with `|string` in "
+                                                                  "double quotes (\"{'city': 'Lima'}\")"}
+
+
+def _check_refs(name: str, m) -> str:
+    """A tool whose arguments live in `$defs` (DEFS_TOOL): the grammar takes
+    the template's own rendering of valid calls (or the format's, for
+    PYTHON_VALUES), the parser reads them back, calls outside the schema are
+    refused. In the formats that write one element per argument (Qwen3-Coder,
+    GLM, MiniMax-M2, Seed-OSS, DeepSeek V3.2, pythonic), each argument's
+    grammar is built apart from the root that holds the `$defs`."""
+    chat, fmt = m.chat, m.chat.tools
+    plan = prepare_chat(chat, m.compiler.compile, QUESTION, ChatOptions(tools=[DEFS_TOOL], tool_choice="required"),
+                        SamplingParams(max_tokens=512))
+    close = _reasoning_prefix(chat, plan.encoded.reasoning_state)
+    lead = _call_lead(fmt.call_ws, plan.encoded.generation_prompt) if chat.reasoning is None else ""
+    end = chat.special.text(min(chat.special.end_ids))
+    for args, valid in [(a, True) for a in DEFS_GOOD] + [(a, False) for a in DEFS_BAD]:
+        call_id = (fmt.format.id_template or PROBE_CALLS[0]["id"]).format(name="book_trip", index=0)
+        call = {"id": call_id, "name": "book_trip", "arguments": args}
+        reply = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": "book_trip", "arguments": json.dumps(args)}}]}
+        ours = close + lead + fmt.format.render([call], chat.special) + end
+        text = ours if name in PYTHON_VALUES else _answer_text(
+            chat, QUESTION, reply, plan.encoded.text, ours, [], tools=[DEFS_TOOL])[0]
+        ids = _tokens(chat, text)
+        assert _accepts(m.compiler, plan, ids, chat.special.end_ids) == valid, (name, args, text)
+        if valid:
+            whole, _ = _parse(plan, ids, stream=False)
+            assert [json.loads(c["function"]["arguments"]) for c in whole.tool_calls] == [args], (name, text)
+    return "ok" if name not in PYTHON_VALUES else "ok (format's rendering)"

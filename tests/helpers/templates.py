@@ -1,5 +1,5 @@
-"""Every template in ../shared/chat-templates as a chat format with no
-weights: the default tokenizer with the template's markers added as special
+"""Every template in ../shared/chat-templates, and the few written here, as
+a chat format with no weights: the default tokenizer with the template's markers added as special
 tokens (as each model's own tokenizer has them), and a grammar compiler over
 that vocabulary. What the template matrix (tests/chat/test_chat_templates.py) runs on.
 """
@@ -52,7 +52,7 @@ def template_model(name: str, gguf_path: str) -> TemplateModel:
     from guided.special_tokens import SpecialTokens
     from guided.tokenizer import TokenizerWrapper, plain_encoder, token_bytes
 
-    source = (TEMPLATES / name).read_text(encoding="utf-8")
+    source = template_source(name)
     found = markers(source)
     tokenizer = gguf_tokenizer_info(GGUFFile(gguf_path).metadata)["tokenizer"]
     tokenizer.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in found])
@@ -80,3 +80,57 @@ def assert_no_injection(chat):
     count = lambda ids: sum(1 for t in ids if t in s.control_ids)  # noqa: E731
     assert count(injected.ids) == count(harmless.ids)
     assert attack in injected.text       # the characters themselves are all there
+
+
+# -- templates written for the tests: a check a real template makes, alone --
+
+#: A Mistral v7 turn: [SYSTEM_PROMPT], tools before the last user message,
+#: results as [TOOL_RESULTS]id[TOOL_CONTENT]…, and Mistral Small 3.2's
+#: refusal of any id that is not 9 characters, on calls and results alike.
+_MISTRAL = """{{- bos_token }}
+{%- set loop_messages = messages %}
+{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}
+{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = 'You are helpful.' %}{%- endif %}
+{%- set users = loop_messages | selectattr('role', 'equalto', 'user') | list %}
+{{- '[SYSTEM_PROMPT]' + system + '[/SYSTEM_PROMPT]' }}
+{%- for message in loop_messages %}
+{%- if message['role'] == 'user' %}
+{%- if tools and message == users[-1] %}{{- '[AVAILABLE_TOOLS]' + tools|tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}
+{{- '[INST]' + message['content'] + '[/INST]' }}
+{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}
+{%- for call in message.tool_calls %}
+{%- if call.id is not string or call.id|length != 9 %}
+{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}
+{{- '[TOOL_CALLS]' + call.function.name }}CALL_ID{{ '[ARGS]' + call.function.arguments|tojson }}
+{%- endfor %}{{- eos_token }}
+{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}
+{%- elif message['role'] == 'tool' %}
+{%- if message.tool_call_id is not string or message.tool_call_id|length != 9 %}
+{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}
+{{- '[TOOL_RESULTS]' + message.tool_call_id + '[TOOL_CONTENT]' + message.content + '[/TOOL_RESULTS]' }}
+{%- endif %}
+{%- endfor %}"""
+
+#: A ChatML template that shows an assistant's calls nowhere (the text
+#: envelope carries them) but refuses a result whose id is not 9 characters.
+_CHATML_IDS = """{%- for m in messages -%}
+{%- if m.role == 'tool' and (m.tool_call_id is not string or m.tool_call_id|length != 9) -%}
+{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif -%}
+<|im_start|>{{ m.role }}
+{{ m.content or '' }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant
+{% endif -%}"""
+
+WRITTEN = {
+    # Mistral Small 3.2 (2506): each call shows its id, [CALL_ID]id
+    "written: Mistral Small 3.2 ids": _MISTRAL.replace("CALL_ID", "{{ '[CALL_ID]' + call.id }}"),
+    # a Mistral template that shows no id yet checks them: the engine gives 9 characters
+    "written: Mistral ids checked, not shown": _MISTRAL.replace("CALL_ID", ""),
+    "written: ChatML ids checked": _CHATML_IDS,
+}
+
+
+def template_source(name: str) -> str:
+    """A template's text: one written here, or one in ../shared/chat-templates."""
+    return WRITTEN[name] if name in WRITTEN else (TEMPLATES / name).read_text(encoding="utf-8")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..special_tokens import SpecialTokens
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit,
-                           PyArgs, Special, resolve)
+                           PyArgs, Special, argument_schemas, resolve)
 
 _DECODER = json.JSONDecoder()
 
@@ -153,7 +153,7 @@ class _Cursor:
     def xml_args(self, call: ParsedCall, style, schemas: dict[str, dict], nxt: str) -> bool:
         """XML arguments (tool_formats.XmlArgs) into ``call.args`` as JSON,
         once they are whole: False while the text ends inside them."""
-        props = (schemas.get(call.name) or {}).get("properties") or {}
+        props = argument_schemas(schemas.get(call.name) or {})
         key_open, value_close = self.fixed(style.key_open), self.fixed(style.value_close)
         close_head = self.render(style.key_close[0]) if style.key_close else ""
         values = {}
@@ -190,7 +190,7 @@ class _Cursor:
     def py_args(self, call: ParsedCall, style: PyArgs, schemas: dict[str, dict], nxt: str) -> bool:
         """Python keyword arguments (tool_formats.PyArgs) into ``call.args``
         as JSON, once they are whole: False while the text ends inside them."""
-        props = (schemas.get(call.name) or {}).get("properties") or {}
+        props = argument_schemas(schemas.get(call.name) or {})
         values = {}
         while not self.text.startswith(nxt, self.pos):
             if values and not self.expect(", "):

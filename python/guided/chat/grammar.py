@@ -16,7 +16,7 @@ from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, Part, PyArgs,
-                           Special, XmlArgs, resolve)
+                           Special, XmlArgs, argument_schemas, resolve)
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
 TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
@@ -142,15 +142,14 @@ def tool_args_entry(schema: dict) -> dict:
 def _args(g: GrammarBuilder, special: SpecialTokens, style, index: int, tool: Tool) -> Expr:
     if isinstance(style, JsonArgs):
         return g.subgrammar(f"args_{index}", tool_args_entry(tool.schema))
-    props = tool.schema.get("properties") or {}
+    props = argument_schemas(tool.schema)
     required = set(tool.schema.get("required") or [])
     if isinstance(style, PyArgs):
-        params = [(seq(lit(f"{name}="), _py_value(g, style, f"args_{index}_{j}", sub if isinstance(sub, dict) else {})),
-                   name in required) for j, (name, sub) in enumerate(props.items())]
+        params = [(seq(lit(f"{name}="), _py_value(g, style, f"args_{index}_{j}", sub)), name in required)
+                  for j, (name, sub) in enumerate(props.items())]
         return _joined(g, f"args_{index}", params, lit(", "))
     params = []
     for j, (name, sub) in enumerate(props.items()):
-        sub = sub if isinstance(sub, dict) else {}
         is_string = sub.get("type") == "string"
         params.append((seq(_parts(special, style.key_open), lit(name),
                            _parts(special, style.key_close, is_string),

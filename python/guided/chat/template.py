@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable, Mapping, Sized
 from datetime import datetime
 from functools import lru_cache
 
@@ -29,8 +30,22 @@ def _raise(message: str):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys, default=_as_list)
+
+
+def _as_list(value):
+    """What Jinja's lazy filters (`map`, `select`, `selectattr`, ...) give is
+    a list to the template's author, as in llama.cpp's renderer: `tools |
+    map(attribute='function') | tojson` (DeepSeek R1 as llama.cpp ships it)."""
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _length(value) -> int:
+    """`length`/`count` of a lazy filter's result, as of a list."""
+    return len(value) if isinstance(value, Sized) else sum(1 for _ in value)
 
 
 class _GenerationBlock(Extension):
@@ -49,6 +64,7 @@ def _compile(source: str) -> jinja2.Template:
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
+    env.filters["length"] = env.filters["count"] = _length
     env.filters["fromjson"] = json.loads   # as llama.cpp's minja (StepFun's string arguments)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

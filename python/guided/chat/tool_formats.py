@@ -16,6 +16,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import unquote
 
 from ..special_tokens import SpecialTokens
 
@@ -101,6 +102,61 @@ class PyArgs:
 def py_text(v) -> str:
     """``str(v)`` as Jinja's ``|string`` gives it for a JSON scalar."""
     return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else str(v)
+
+
+#: Keywords that only describe a schema: a `$ref` beside them alone is the
+#: schema it points to.
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated"})
+
+
+def argument_schemas(schema: dict) -> dict[str, dict]:
+    """Each argument's schema, standing alone, for the formats that write
+    one element per argument (XmlArgs, PyArgs): a `$ref` at its top is
+    followed (a string argument is written raw whether its type is written
+    in place or in `$defs`), and the root's `$defs`/`definitions` travel with
+    it, so refs deeper inside resolve as they did in the whole schema."""
+    defs = {k: schema[k] for k in ("$defs", "definitions") if isinstance(schema.get(k), dict)}
+    out = {}
+    for name, sub in (schema.get("properties") or {}).items():
+        sub = sub if isinstance(sub, dict) else {}
+        for _ in range(64):   # a cycle of refs is left to the JSON grammar
+            target, key = _alias(schema, sub)
+            if target is None:
+                break
+            sub = {**{k: v for k, v in sub.items() if k != key}, **target}
+        own = {k: {**v, **sub[k]} for k, v in defs.items() if isinstance(sub.get(k), dict)}
+        out[name] = {**defs, **sub, **own}
+    return out
+
+
+def _alias(root: dict, sub: dict) -> tuple[dict | None, str]:
+    """(the schema ``sub`` only names, the keyword naming it): a `$ref`, or
+    a one-member `allOf` (pydantic's way to describe a ref), with nothing
+    but annotations beside it; (None, "") for any other schema."""
+    for key in ("$ref", "allOf"):
+        if key in sub and set(sub) - {key} <= _ANNOTATIONS:
+            value = sub[key]
+            if key == "$ref" and isinstance(value, str):
+                return _pointer(root, value), key
+            if key == "allOf" and isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+                return value[0], key
+    return None, ""
+
+
+def _pointer(root: dict, ref: str) -> dict | None:
+    """The schema a local ref ("#/$defs/Unit") names in ``root``, else None."""
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for token in ref[2:].split("/"):
+        key = unquote(token).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node if isinstance(node, dict) else None
 
 
 ArgsStyle = JsonArgs | XmlArgs | PyArgs
@@ -193,6 +249,9 @@ TABLE: tuple[ToolFormat, ...] = (
                sep=(Lit(", "),), close=(Lit("]"),)),
     # Mistral Small 3.2 / Devstral (v7+): [TOOL_CALLS]name[ARGS]{...} per call
     ToolFormat("mistral_args", call=(Special("[TOOL_CALLS]"), NAME, Special("[ARGS]"), ARGS)),
+    # Mistral Small 3.2 (2506): as above with the call's 9-character id, [CALL_ID]id
+    ToolFormat("mistral_call_id", call=(Special("[TOOL_CALLS]"), NAME, Special("[CALL_ID]"), CALL_ID,
+                                        Special("[ARGS]"), ARGS)),
     # DeepSeek R1: typed calls with a fenced JSON block
     ToolFormat("deepseek_r1", open=(Special("<｜tool▁calls▁begin｜>"),),
                call=(Special("<｜tool▁call▁begin｜>"), Lit("function"), Special("<｜tool▁sep｜>"), NAME,
@@ -377,7 +436,7 @@ def detect(render: Render, special: SpecialTokens) -> DetectedFormat:
             return found
     log.info("tool-call format: text envelope (the template renders no known format)")
     return DetectedFormat(TEXT_ENVELOPE, parallel=True, content_sep="\n", empty_content="",
-                          native=False)
+                          native=False, id_style=_id_style(render, TEXT_ENVELOPE, ""))
 
 
 def probe_calls(fmt: ToolFormat) -> list[dict]:
@@ -407,14 +466,17 @@ def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedF
 def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
     """"alnum9" where the template refuses OpenAI-style ids in a tool-call
     round trip (Mistral's "Tool call IDs should be alphanumeric strings with
-    length 9!") but takes 9 alphanumerics; else "openai"."""
+    length 9!") but takes 9 alphanumerics; else "openai". The text envelope
+    is probed too: its calls are content, but the results keep their ids."""
     if CALL_ID in fmt.call or fmt.id_template:
         return "openai"   # the model writes the ids, in the template's shape
 
     def round_trip(call_id: str) -> bool:
         call = {**PROBE_CALLS[0], "id": call_id}
+        said = {"content": fmt.render([call], None)} if fmt is TEXT_ENVELOPE else \
+            {"content": empty, "tool_calls": openai_calls([call])}
         messages = [{"role": "user", "content": "What is the weather in Paris?"},
-                    {"role": "assistant", "content": empty, "tool_calls": openai_calls([call])},
+                    {"role": "assistant", **said},
                     {"role": "tool", "tool_call_id": call_id, "content": "Sunny"}]
         try:
             render(messages, PROBE_TOOLS)
