@@ -15,7 +15,10 @@ make bench-micro), so a change can be compared with --benchmark-compare.
 - grammar compile: a JSON schema, compiled without the compiler's cache;
 - one scheduler step (schedule + sample + update, in Rust, without the model
   forward) at batch 1 and 32, every row decoding;
-- the chat parser over a tool call streamed one token per push.
+- the chat parser over a tool call streamed one token per push, and over
+  one call with a long string argument (256 B, 4 KB, 16 KB) in a JSON and
+  an XML format: extra_info gives the mean per-token cost, which should
+  not grow with the argument (each push reads on from the last).
 
 Tokenizers come from GGUF metadata only; only the parser case loads the
 default model (for its chat template).
@@ -176,3 +179,46 @@ def test_streamed_tool_call_parsing(benchmark, chat_llm):
 
     benchmark(parse)
     benchmark.extra_info.update(tokens=len(tokens))
+
+
+#: a call whose one argument is long, in a JSON and an XML argument format
+LONG_ARGUMENT_SIZES = (256, 4096, 16384)
+
+
+@lru_cache(maxsize=None)
+def default_chat():
+    """The default model's tokenizer and registry (GGUF metadata only)."""
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    from guided.model.loader import default_model_path
+    from guided.special_tokens import SpecialTokens
+    from guided.tokenizer import TokenizerWrapper
+    info = gguf_tokenizer_info(GGUFFile(default_model_path()).metadata)
+    special = SpecialTokens.classify(info["tokenizer"], info["end_token_ids"], info["bos_token"])
+    return special, TokenizerWrapper(info["tokenizer"], special, False)
+
+
+@pytest.mark.parametrize("size", LONG_ARGUMENT_SIZES)
+@pytest.mark.parametrize("fmt_name", ["hermes", "qwen3_coder"])
+def test_streamed_long_argument(benchmark, fmt_name, size):
+    from guided.chat.parser import ChatParser
+    from guided.chat.tool_formats import TABLE, DetectedFormat
+    special, tok = default_chat()
+    fmt = DetectedFormat(next(f for f in TABLE if f.name == fmt_name), parallel=True, content_sep=None,
+                         empty_content=None)
+    words = "The quick brown fox jumps over the lazy dog, \"quoted\" {braces} and\nnew lines. "
+    body = (words * (size // len(words) + 1))[:size]
+    call = {"name": "write_file", "arguments": {"path": "notes.txt", "content": body}, "id": ""}
+    tokens = tok.encode(fmt.format.render([call], special), parse_special=False)
+    schemas = {"write_file": {"type": "object", "properties": {"path": {"type": "string"},
+                                                               "content": {"type": "string"}}}}
+
+    def parse():
+        parser = ChatParser(special, tok, fmt, schemas, None, None)
+        deltas = [d for t in tokens for d in parser.push([t])] + parser.finish()
+        return "".join(c["function"].get("arguments", "") for d in deltas for c in d.tool_calls or [])
+
+    streamed = benchmark(parse)
+    assert json.loads(streamed) == call["arguments"]
+    benchmark.extra_info.update(tokens=len(tokens),
+                                us_per_token=benchmark.stats.stats.mean / len(tokens) * 1e6)

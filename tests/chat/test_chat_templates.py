@@ -66,10 +66,6 @@ GAPS = {
         "registry knows, and the template ignores add_generation_prompt",
     "GigaChat3-10B-A1.8B.jinja": "its call is a turn of its own after the end-of-turn token, which "
                                  "ends generation: found as bare JSON objects, which do not round-trip",
-    "unsloth-Apriel-1.5.jinja": "Apriel writes a past call's id but not the last message's: the "
-                                "answer as the model writes it (no id) is not the past turn",
-    "Apriel-1.6-15b-Thinker-fixed.jinja": "as Apriel 1.5, and its forced generation prompt opens a "
-                                          "plain-text reasoning section",
 }
 
 
@@ -78,7 +74,7 @@ def print_matrix():
     yield
     if not ROWS:
         return
-    cols = ("format", "parallel", "ids", "empty", "contract", "grammar", "stream", "refs", "cache", "note")
+    cols = ("format", "parallel", "ids", "empty", "end", "contract", "grammar", "stream", "refs", "cache", "note")
     print("\n\ntemplate matrix (cache: prefix hit of the previous prompt + answer, turns 2 and 3)")
     print(" | ".join(["template", *cols]))
     for name, row in sorted(ROWS.items()):
@@ -114,22 +110,35 @@ def _tokens(chat, text: str) -> list[int]:
 
 
 def _answer_text(chat, messages: list[dict], reply: dict, prompt_text: str, fallback: str,
-                 following: list[dict], tools: list[dict] = PROBE_TOOLS) -> tuple[str, str]:
+                 following: list[dict], tools: list[dict] = PROBE_TOOLS,
+                 takes=lambda text: True) -> tuple[str, str]:
     """What the model must write for the next turn to keep the prefix: the
     template's own rendering of ``reply`` after the prompt, with the
     ``following`` messages after it as the next turn has them, up to its end
-    token (or ``fallback`` where the template re-renders the turn)."""
-    full = chat.render(normalize_messages(messages + [reply] + following, chat.tools, chat.contract),
-                       tools=tools, add_generation_prompt=False)
-    if not full.startswith(prompt_text):
+    token (or ``fallback`` where the template re-renders the turn). Where
+    the grammar ``takes`` not that but the template's rendering of the reply
+    as the last message (Apriel shows a past call's id, never the last
+    one's), the model writes that, and the next turn re-renders it."""
+    def answer(following: list[dict]) -> str | None:
+        full = chat.render(normalize_messages(messages + [reply] + following, chat.tools, chat.contract),
+                           tools=tools, add_generation_prompt=False)
+        if not full.startswith(prompt_text):
+            return None
+        tail = full[len(prompt_text):]
+        ends = [(i, t) for t in chat.special.end_ids if (i := tail.find(chat.special.text(t))) >= 0]
+        if not ends:
+            return ""
+        i, t = min(ends)
+        return tail[:i + len(chat.special.text(t))]
+    past = answer(following)
+    if past is None:
         return fallback, "the template re-renders the generation prompt in a past turn"
-    tail = full[len(prompt_text):]
-    ends = [tail.find(chat.special.text(t)) for t in chat.special.end_ids]
-    ends = [(i, t) for i, t in zip(ends, chat.special.end_ids) if i >= 0]
-    if not ends:
+    if not past:
         return fallback, "no end token after the answer"
-    i, t = min(ends)
-    return tail[:i + len(chat.special.text(t))], ""
+    last = answer([]) if following else past
+    if last and last != past and not takes(past) and takes(last):
+        return last, "the template writes the last message otherwise than a past one"
+    return past, ""
 
 
 def _accepts(compiler, plan, ids: list[int], end_ids) -> bool:
@@ -196,7 +205,7 @@ def test_template(name, default_gguf):
     fmt = chat.tools
     row = ROWS.setdefault(name, {})
     row.update(format=fmt.format.name, parallel=fmt.parallel, ids=fmt.id_style,
-               empty=repr(fmt.empty_content),
+               empty=repr(fmt.empty_content), end=repr(fmt.end_ws),
                contract="" if chat.contract.system and not chat.contract.typed_content else chat.contract)
     assert_no_injection(chat)
     if not fmt.native:
@@ -214,8 +223,10 @@ def test_template(name, default_gguf):
                              "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
                             for c in calls[:n]]}
     lead = _call_lead(fmt.call_ws, state_prompt.encoded.generation_prompt) if chat.reasoning is None else ""
-    fallback = reasoning_close + lead + fmt.format.render(calls[:n], chat.special) + end_text
-    text, note = _answer_text(chat, QUESTION, reply, state_prompt.encoded.text, fallback, _results(reply))
+    fallback = reasoning_close + lead + fmt.format.render(calls[:n], chat.special) + fmt.end_ws + end_text
+    takes = lambda text: _accepts(compiler, state_prompt, _tokens(chat, text), ends)  # noqa: E731
+    text, note = _answer_text(chat, QUESTION, reply, state_prompt.encoded.text, fallback, _results(reply),
+                              takes=takes)
     ids = _tokens(chat, text)
 
     # the grammar takes the template's own rendering of the calls
@@ -227,8 +238,8 @@ def test_template(name, default_gguf):
     accepted = {k: _accepts(compiler, p, ids, ends) for k, p in plans.items()}
     one_reply = {**reply, "tool_calls": reply["tool_calls"][:1]}
     one_text, _ = _answer_text(chat, QUESTION, one_reply, state_prompt.encoded.text,
-                               reasoning_close + lead + fmt.format.render(calls[:1], chat.special) + end_text,
-                               _results(one_reply))
+                               reasoning_close + lead + fmt.format.render(calls[:1], chat.special) + fmt.end_ws + end_text,
+                               _results(one_reply), takes=takes)
     named = _plan(chat, compiler, QUESTION, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     accepted["named"] = _accepts(compiler, named, _tokens(chat, one_text), ends)
     plain = _tokens(chat, reasoning_close + ANSWER + end_text)
@@ -381,32 +392,25 @@ DEFS_TOOL = {"type": "function", "function": {"name": "book_trip", "description"
     "type": "object",
     "properties": {"cabin": {"$ref": "#/$defs/Cabin", "description": "Cabin class"},
                    "to": {"allOf": [{"$ref": "#/$defs/Place"}], "description": "Where to"},
-                   "stops": {"type": "array", "items": {"$ref": "#/$defs/Place"}}},
+                   "stops": {"type": "array", "items": {"$ref": "#/$defs/Place"}},
+                   "refundable": {"type": "boolean"}},
     "required": ["cabin", "to"]}}}
-DEFS_GOOD = [{"cabin": "business", "to": {"city": "Lima", "country": "PE"}},
-             {"cabin": "economy", "to": {"city": "Oslo"}, "stops": [{"city": "Rome", "country": "IT"}]}]
+DEFS_GOOD = [{"cabin": "business", "to": {"city": "Lima", "country": "PE"}, "refundable": True},
+             {"cabin": "economy", "to": {"city": "Oslo"}, "stops": [{"city": "Rome", "country": "IT"}],
+              "refundable": False}]
 DEFS_BAD = [{"cabin": "first", "to": {"city": "Lima"}},                      # not in the enum
             {"cabin": "economy", "to": {"city": "Lima", "country": "Peru"}},  # not the pattern
             {"cabin": "economy", "to": {"town": "Lima"}}]                     # not a Place
 
 
-#: Templates that write a non-string argument in a way no JSON grammar
-#: takes: checked here against the format's own rendering instead.
-PYTHON_VALUES = {"ByteDance-Seed-OSS.jinja": "it writes a non-string value with Jinja's `|string`, "
-                                             "Python's repr ({'city': 'Lima'}, True)",
-                 "LFM2.5-8B-A1B.jinja": "it writes a list argument with `|string`, Python's repr "
-                                        "([{'city': 'Rome'}])",
-                 "vllm-tool_chat_template_llama4_pythonic.jinja": "it writes every value with `|string` in "
-                                                                  "double quotes (\"{'city': 'Lima'}\")"}
-
-
 def _check_refs(name: str, m) -> str:
     """A tool whose arguments live in `$defs` (DEFS_TOOL): the grammar takes
-    the template's own rendering of valid calls (or the format's, for
-    PYTHON_VALUES), the parser reads them back, calls outside the schema are
-    refused. In the formats that write one element per argument (Qwen3-Coder,
-    GLM, MiniMax-M2, Seed-OSS, DeepSeek V3.2, pythonic), each argument's
-    grammar is built apart from the root that holds the `$defs`."""
+    the template's own rendering of valid calls, the parser reads them back,
+    calls outside the schema are refused. In the formats that write one
+    element per argument (Qwen3-Coder, GLM, MiniMax-M2, Seed-OSS, DeepSeek
+    V3.2, pythonic), each argument's grammar is built apart from the root
+    that holds the `$defs`, and objects, lists and booleans are written as
+    each template prints them (Seed-OSS and LFM2.5 with `|string`)."""
     chat, fmt = m.chat, m.chat.tools
     plan = prepare_chat(chat, m.compiler.compile, QUESTION, ChatOptions(tools=[DEFS_TOOL], tool_choice="required"),
                         SamplingParams(max_tokens=512))
@@ -418,12 +422,11 @@ def _check_refs(name: str, m) -> str:
         call = {"id": call_id, "name": "book_trip", "arguments": args}
         reply = {"role": "assistant", "content": None, "tool_calls": [
             {"id": call["id"], "type": "function", "function": {"name": "book_trip", "arguments": json.dumps(args)}}]}
-        ours = close + lead + fmt.format.render([call], chat.special) + end
-        text = ours if name in PYTHON_VALUES else _answer_text(
-            chat, QUESTION, reply, plan.encoded.text, ours, [], tools=[DEFS_TOOL])[0]
+        ours = close + lead + fmt.format.render([call], chat.special) + fmt.end_ws + end
+        text = _answer_text(chat, QUESTION, reply, plan.encoded.text, ours, [], tools=[DEFS_TOOL])[0]
         ids = _tokens(chat, text)
         assert _accepts(m.compiler, plan, ids, chat.special.end_ids) == valid, (name, args, text)
         if valid:
             whole, _ = _parse(plan, ids, stream=False)
             assert [json.loads(c["function"]["arguments"]) for c in whole.tool_calls] == [args], (name, text)
-    return "ok" if name not in PYTHON_VALUES else "ok (format's rendering)"
+    return "ok"

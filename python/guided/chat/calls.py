@@ -1,12 +1,14 @@
 """Reading a calls block (its text so far) against a tool format's parts
 (tool_formats.py): the calls it holds, each whole or cut where the text
 ends, and whether the text can still be a block of that format. The chat
-parser (parser.py) reads the block again as each step's tokens arrive."""
+parser (parser.py) reads the block again as each step's tokens arrive,
+from where the last read left off (ReadState): a step costs what it adds,
+not what the block holds so far."""
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..special_tokens import SpecialTokens
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit,
@@ -24,15 +26,35 @@ class ParsedCall:
     done: bool = False
 
 
+@dataclass
+class ReadState:
+    """Where the next read of a growing calls block starts. The text only
+    grows and a whole call never changes, so a read starts after the last
+    whole call; inside the call being written it resumes the JSON scan or the
+    XML arguments where they stopped."""
+
+    opened: bool = False                  # the block's open parts are read
+    pos: int = 0                          # after the open parts / the last whole call
+    done: list[ParsedCall] = field(default_factory=list)
+    json: "_JsonScan | None" = None       # the JSON arguments being written
+    xml: "_XmlRead | None" = None         # the XML arguments being written
+
+
 def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
-                special: SpecialTokens) -> tuple[list[ParsedCall], bool]:
+                special: SpecialTokens, state: ReadState | None = None) -> tuple[list[ParsedCall], bool]:
     """The calls in a (possibly unfinished) calls block; ok is False when the
-    text cannot be a prefix of a block of this format."""
+    text cannot be a prefix of a block of this format. ``state``: the last
+    read of the same block with less text (updated here)."""
     f = fmt.format
-    cur = _Cursor(text, special)
-    if not cur.parts(f.open):
-        return [], cur.ok
-    calls: list[ParsedCall] = []
+    state = ReadState() if state is None else state
+    cur = _Cursor(text, special, state)
+    if not state.opened:
+        if not cur.parts(f.open):
+            return [], cur.ok
+        state.opened, state.pos = True, cur.pos
+    calls = list(state.done)
+    if calls and cur.at_end():
+        return calls, True
     while True:
         if calls and not cur.parts(f.sep):
             break
@@ -40,6 +62,7 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
         calls.append(call)
         if not _parse_call(cur, f, call, schemas):
             return calls, cur.ok
+        state.done, state.pos = list(calls), cur.pos
         if cur.at_end():
             return calls, True
         if not cur.peek(f.sep or _lead(f.call)):
@@ -95,8 +118,8 @@ class _Cursor:
     """Reads a calls block left to right; stops (ok stays True) where the
     text ends before a part is complete, fails (ok False) on a mismatch."""
 
-    def __init__(self, text: str, special: SpecialTokens):
-        self.text, self.pos, self.ok, self.special = text, 0, True, special
+    def __init__(self, text: str, special: SpecialTokens, state: ReadState):
+        self.text, self.pos, self.ok, self.special, self.state = text, state.pos, True, special, state
 
     def render(self, part) -> str:
         return resolve(part, self.special)[1] if isinstance(part, (Lit, Special)) else ""
@@ -109,11 +132,10 @@ class _Cursor:
         return bool(want) and self.text.startswith(want, self.pos)
 
     def expect(self, want: str) -> bool:
-        rest = self.text[self.pos:]
-        if rest.startswith(want):
+        if self.text.startswith(want, self.pos):
             self.pos += len(want)
             return True
-        if not want.startswith(rest):
+        if not want.startswith(self.text[self.pos:self.pos + len(want)]):
             self.ok = False
         return False
 
@@ -121,7 +143,7 @@ class _Cursor:
         return all(self.expect(self.render(p)) for p in parts if isinstance(p, (Lit, Special)))
 
     def name(self, schemas: dict[str, dict], nxt: str) -> str | None:
-        rest = self.text[self.pos:]
+        rest = self.text[self.pos:self.pos + max(map(len, schemas), default=0) + len(nxt)]
         for name in sorted(schemas, key=len, reverse=True):
             if rest.startswith(name + nxt) or (rest.startswith(name) and nxt.startswith(rest[len(name):])):
                 self.pos += len(name)
@@ -138,13 +160,20 @@ class _Cursor:
         return m.group(0)
 
     def json_args(self, call: ParsedCall) -> bool:
+        scan = self.state.json
+        if scan is None or scan.start != self.pos:
+            scan = self.state.json = _JsonScan(self.pos)
+        scan.end_in(self.text)
+        if scan.first not in (None, "{"):
+            self.ok = False   # arguments that are no object: not a call of this format
+            return False
         try:
+            if scan.end is None or scan.failed:
+                raise json.JSONDecodeError("open", self.text, self.pos)
             value, end = _DECODER.raw_decode(self.text, self.pos)
         except json.JSONDecodeError:
+            scan.failed = scan.end is not None
             call.args = self.text[self.pos:]
-            return False
-        if not isinstance(value, dict):
-            self.ok = False
             return False
         call.args = self.text[self.pos:end]
         self.pos = end
@@ -156,10 +185,13 @@ class _Cursor:
         props = argument_schemas(schemas.get(call.name) or {})
         key_open, value_close = self.fixed(style.key_open), self.fixed(style.value_close)
         close_head = self.render(style.key_close[0]) if style.key_close else ""
-        values = {}
+        read = self.state.xml
+        if read is None or read.start != self.pos:
+            read = self.state.xml = _XmlRead(self.pos)
+        self.pos, values = read.pos, read.values
         while True:
             if not self.text.startswith(key_open, self.pos):
-                rest = self.text[self.pos:]
+                rest = self.text[self.pos:self.pos + len(key_open)]
                 if key_open.startswith(rest) and rest or (not rest and nxt):
                     return False   # cut before the next part: which one is not known yet
                 break
@@ -177,13 +209,14 @@ class _Cursor:
                     is_string = flag == "true"
                 elif not self.expect(self.render(part)):
                     return False
-            tail = self.text.find(value_close, self.pos)
+            tail = self.text.find(value_close, max(self.pos, read.searched - len(value_close) + 1))
             if tail < 0:
+                read.searched = len(self.text)   # the value so far holds no closing tag
                 return False
             raw = self.text[self.pos:tail]
-            values[name] = raw if is_string else _xml_typed(raw, props.get(name) or {}) \
+            values[name] = raw if is_string else _xml_typed(raw, props.get(name) or {}, style) \
                 if is_string is None else _json_or_raw(raw)
-            self.pos = tail + len(value_close)
+            self.pos = read.pos = read.searched = tail + len(value_close)
         call.args = json.dumps(values, ensure_ascii=False)
         return True
 
@@ -242,13 +275,67 @@ class _Cursor:
 _CUT = object()   # a value the text ends inside
 
 
+class _JsonScan:
+    """Where the JSON object that starts at ``start`` ends (after its
+    closing brace), found reading each character once however often the
+    growing text is read: ``end`` stays None while it is open, or when the
+    value is no object (``first``, its first character, says)."""
+
+    def __init__(self, start: int):
+        self.start = self.upto = start
+        self.first: str | None = None
+        self.depth, self.in_string, self.escape = 0, False, False
+        self.end: int | None = None
+        self.failed = False   # the decoder refused it: more text cannot mend that
+
+    def end_in(self, text: str) -> int | None:
+        i, n = self.upto, len(text)
+        while self.end is None and self.first in (None, "{") and i < n:
+            c = text[i]
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.end = i + 1
+            if self.first is None and not c.isspace():
+                self.first = c
+            i += 1
+        self.upto = i
+        return self.end
+
+
+@dataclass
+class _XmlRead:
+    """The XML arguments that start at ``start``, read up to ``pos``."""
+
+    start: int
+    pos: int = -1
+    values: dict = field(default_factory=dict)
+    searched: int = 0    # the current value holds no closing tag before this
+
+    def __post_init__(self):
+        self.pos = self.start
+
+
 def _py_scalar(raw: str):
     """A Python scalar as a template writes it (True, None, 24, 1.5)."""
     return {"True": True, "False": False, "None": None}.get(raw, _json_or_raw(raw))
 
 
-def _xml_typed(raw: str, schema: dict):
-    return raw if schema.get("type") == "string" else _json_or_raw(raw)
+def _xml_typed(raw: str, schema: dict, style):
+    if schema.get("type") == "string":
+        return raw
+    return _py_scalar(raw) if style.python_scalars else _json_or_raw(raw)
 
 
 def _json_or_raw(raw: str):

@@ -318,7 +318,13 @@ def _template_call(call, where: str) -> dict:
 class TemplateArguments(dict):
     """Tool-call arguments as templates use them: most apply ``tojson`` or
     iterate items (a dict), some concatenate them to a string (the JSON
-    text). Being both, one conversation renders under either kind."""
+    text). Being both, one conversation renders under either kind. Objects
+    and lists inside print as JSON too (``|string``: Seed-OSS, LFM2.5 and
+    Llama 4's pythonic template print a value so), as the grammar has the
+    model write them, not as Python's repr."""
+
+    def __init__(self, arguments: dict):
+        super().__init__((k, _printed_as_json(v)) for k, v in arguments.items())
 
     def __str__(self) -> str:
         return json.dumps(self, ensure_ascii=False)
@@ -332,6 +338,21 @@ class TemplateArguments(dict):
         if isinstance(other, str):
             return str(self) + other
         return NotImplemented
+
+
+class _TemplateList(list):
+    """A list inside tool-call arguments: printed as JSON (TemplateArguments)."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+
+def _printed_as_json(value):
+    if isinstance(value, dict):
+        return TemplateArguments(value)
+    if isinstance(value, list):
+        return _TemplateList(_printed_as_json(v) for v in value)
+    return value
 
 
 def _envelope_message(m: dict, fmt: DetectedFormat) -> dict:

@@ -11,6 +11,7 @@ sub-grammar of its own, never fed the reasoning.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
@@ -86,7 +87,7 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     if tools is None:
         return g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)")
     calls = _calls_block(g, special, tools)
-    alone = seq(lit(tools.lead), calls) if tools.lead else calls
+    alone = calls(tools.lead)
     if tools.mode == "required":
         return alone
     fmt = tools.format
@@ -98,19 +99,38 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     if fmt.content_sep is None or answer:
         return alt(text, alone)
     lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep, visible=True))
-    return alt(text, alone, seq(lead, calls))
+    return alt(text, alone, seq(lead, calls("")))
 
 
-def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Expr:
+def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Callable[[str], Expr]:
+    """The calls block after a given lead (the template's whitespace before
+    a call-only answer's calls). Where the block starts with text, not a
+    token, lead and that text are one literal: the lexer cannot split a
+    "\n" lead off an answer's text lexeme that matches it too, and would
+    refuse the calls after it."""
     fmt = plan.format.format
-    one = g.rule("call", alt(*(_call(g, special, fmt, i, t) for i, t in enumerate(plan.tools))))
-    more = star(seq(_parts(special, fmt.sep), one)) if plan.parallel else ""
-    return seq(_parts(special, fmt.open), one, more, _parts(special, fmt.close))
+    opened = bool(fmt.open)
+    first = (fmt.open or fmt.call)[0]
+    one = g.rule("call", alt(*(_call(g, special, fmt, i, t, fmt.call[0 if opened else 1:])
+                               for i, t in enumerate(plan.tools))))
+    whole = one if opened else seq(_parts(special, fmt.call[:1]), one)
+    more = star(seq(_parts(special, fmt.sep), whole)) if plan.parallel else ""
+    tail = seq(_parts(special, fmt.open[1:]), one, more, _parts(special, fmt.close),
+               lit(plan.format.end_ws) if plan.format.end_ws else "")
+
+    def led(lead: str) -> Expr:
+        tid, text = resolve(first, special)
+        start = lit(lead + text) if tid is None else seq(lit(lead) if lead else "", token(tid))
+        return seq(start, tail)
+    return led
 
 
-def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool) -> Expr:
+def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool,
+          parts: tuple) -> Expr:
+    """One call of ``tool`` (``parts``: the format's call, less a first part
+    the block writes)."""
     out = []
-    for part in fmt.call:
+    for part in parts:
         if part is NAME:
             out.append(lit(tool.name))
         elif part is ARGS:
@@ -165,7 +185,8 @@ def _joined(g: GrammarBuilder, name: str, params: list[tuple[Expr, bool]], sep: 
     for k in range(len(params) - 1, -1, -1):
         p, req = params[k]
         after = g.rule(f"{name}_rest_{k}", rest) if rest else ""
-        new_rest = seq(sep, p, after) if req else opt(seq(sep, p, after))
+        written = seq(sep, p, after)
+        new_rest = written if req else alt(written, after or '""')   # an optional one may be left out
         head = seq(p, after) if req else alt(seq(p, after), head or '""')
         rest = new_rest
     return head or '""'
@@ -202,7 +223,10 @@ def _xml_value(g: GrammarBuilder, special: SpecialTokens, style: XmlArgs, name: 
     close = _parts(special, style.value_close)
     end_tid = resolve(style.value_close[0], special)[0]
     end = "".join(resolve(p, special)[1] for p in style.value_close)
-    if schema.get("type") != "string":
+    kind = schema.get("type")
+    if style.python_scalars and kind in ("boolean", "null"):
+        return seq(alt(lit("True"), lit("False")) if kind == "boolean" else lit("None"), close)
+    if kind != "string":
         return seq(g.subgrammar(name, tool_args_entry(schema)), close)
     if "enum" in schema:
         return seq(alt(*(lit(str(v)) for v in schema["enum"])), close)

@@ -21,7 +21,7 @@ from typing import Callable
 from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
-from .calls import ParsedCall, parse_calls
+from .calls import ParsedCall, ReadState, parse_calls
 from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve
 
 
@@ -73,6 +73,9 @@ class ChatParser:
         self._content_detok = IncrementalDetokenizer(tokenizer)
         self.region: list[int] = []                  # tokens of the calls block
         self.region_prefix = ""                      # its text before them (text triggers)
+        # the block's text as it streams, read on from where the last read stopped
+        self._stream, self._run = "", IncrementalDetokenizer(tokenizer)
+        self._read = ReadState()
         self.sent_reasoning = self.sent_content = 0  # characters already emitted
         self.sent_calls: list[tuple[bool, int]] = [] # per call: header sent, args chars sent
         self._call_ids: list[str] = []
@@ -156,7 +159,7 @@ class ChatParser:
     def _route(self, t: int) -> None:
         s = self.special
         if self.mode == "calls":
-            self.region.append(t)
+            self._region_push(t)
         elif self.mode == "reasoning":
             if t == s.id("reasoning_end"):
                 self.mode, self.after_reasoning = "content", True
@@ -166,7 +169,7 @@ class ChatParser:
             self.mode = "reasoning"
         elif self.tools is not None and self._is_trigger(t):
             self.mode = "calls"
-            self.region.append(t)
+            self._region_push(t)
         elif t not in s.control_ids:
             self._content_detok.push(t)
             self._split_text_trigger()
@@ -193,9 +196,22 @@ class ChatParser:
             at = text.find(trigger)
         if at < 0:
             return
-        self.region_prefix = text[at:]
+        self.region_prefix = self._stream = text[at:]
         self._content_detok.text = text[:at]
         self.mode = "calls"
+
+    def _region_push(self, t: int) -> None:
+        """A token of the calls block: its text joins the streamed text (a
+        control token's as its text, as region_text writes it)."""
+        self.region.append(t)
+        if t not in self.special.control_ids:
+            self._stream += self._run.push(t)
+            return
+        if self._run.ids:   # what the run held back (a character cut between tokens)
+            self._stream += self.tok.decode(self._run.ids)[len(self._run.text):]
+            self._run = IncrementalDetokenizer(self.tok)
+        if t not in self.special.end_ids:
+            self._stream += self.special.text(t)
 
     # -- text out -------------------------------------------------------
 
@@ -237,9 +253,12 @@ class ChatParser:
         # hold back what could still be a separator or the start of a text trigger
         # and what could still be the start of a stop string
         held = len(text) - len(text.rstrip("\n"))
-        for word in [self._text_trigger(), *self.stop]:
-            if word is not None:
-                held = max(held, _partial_end(text, word))
+        trigger = self._text_trigger()
+        for word in [trigger, *self.stop]:
+            if word is not None and (k := _partial_end(text, word)):
+                if word is trigger:   # and the whitespace before it: a call-only answer's lead
+                    k = len(text) - len(text[:len(text) - k].rstrip())
+                held = max(held, k)
         return text[:len(text) - held]
 
     def _deltas(self, final: bool) -> list[ChatDelta]:
@@ -286,6 +305,8 @@ class ChatParser:
     # -- the calls block ------------------------------------------------
 
     def _parse_calls(self, final: bool) -> list[ParsedCall]:
+        if not final:   # read on from the last read: a step costs what it adds
+            return parse_calls(self._stream, self.tools, self.schemas, self.special, self._read)[0]
         calls, ok = parse_calls(self.region_text(), self.tools, self.schemas, self.special)
         if final and not (ok and calls and all(c.done for c in calls)):
             # A block cut short (the budget, with no grammar to close it)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 from urllib.parse import unquote
 
@@ -74,11 +74,14 @@ class JsonArgs:
 class XmlArgs:
     """One element per argument, ``key_open KEY key_close VALUE value_close``,
     in the order the schema lists them: a string is written raw, any other
-    value as JSON (as the templates write them)."""
+    value as JSON (as the templates write them); with ``python_scalars``
+    true, false and null as Python writes them (True, False, None: a
+    template that prints a value with ``|string``)."""
 
     key_open: tuple[Part, ...]
     key_close: tuple[Part, ...]
     value_close: tuple[Part, ...]
+    python_scalars: bool = False
 
 
 @dataclass(frozen=True)
@@ -217,13 +220,18 @@ def render_args(arguments: dict, style: ArgsStyle, special: SpecialTokens | None
         return "".join(("true" if isinstance(value, str) else "false") if p is IS_STRING
                        else resolve(p, special)[1] for p in parts)
     return "".join(
-        fixed(style.key_open) + k + fixed(style.key_close, v) + xml_value(v) + fixed(style.value_close)
+        fixed(style.key_open) + k + fixed(style.key_close, v) + xml_value(v, style) + fixed(style.value_close)
         for k, v in arguments.items())
 
 
-def xml_value(value) -> str:
-    """As the XML-argument templates write a value: strings raw, the rest as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def xml_value(value, style: XmlArgs) -> str:
+    """As the XML-argument templates write a value: strings raw, the rest as
+    JSON (Python's True/False/None where the style says so)."""
+    if isinstance(value, str):
+        return value
+    if style.python_scalars and (value is None or isinstance(value, bool)):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 #: Hermes' markers, which Qwen3-Coder and GLM write too; the registry also
@@ -392,6 +400,9 @@ class DetectedFormat:
     #: call-only turn ("\n" after Apriel's and Granite's role headers, after
     #: GLM's closed reasoning block)
     call_ws: str = ""
+    #: the whitespace the template writes between the calls and its end of
+    #: turn ("\n" before Apriel's <|end|>)
+    end_ws: str = ""
     #: the ids the engine gives calls whose format has no CALL_ID: "openai"
     #: (`call_…`), or "alnum9" where the template demands 9 alphanumerics
     id_style: str = "openai"
@@ -458,9 +469,23 @@ def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedF
     one = found[empty]
     two = _rendered(render, calls, empty)
     parallel = two is not None and fmt.render(calls, special) in two
-    before = one[:one.index(block)]
-    return DetectedFormat(fmt, parallel, _content_sep(render, special, fmt), empty,
-                          call_ws=before[len(before.rstrip()):], id_style=_id_style(render, fmt, empty))
+    before, after = one[:one.index(block)], one[one.index(block) + len(block):]
+    ws = after[:len(after) - len(after.lstrip())]
+    ends = [special.text(t) for t in special.end_ids] if special is not None else []
+    return DetectedFormat(_scalars(render, special, fmt, empty), parallel, _content_sep(render, special, fmt),
+                          empty, call_ws=before[len(before.rstrip()):], id_style=_id_style(render, fmt, empty),
+                          end_ws=ws if after[len(ws):].startswith(tuple(ends)) and ends else "")
+
+
+def _scalars(render: Render, special: SpecialTokens, fmt: ToolFormat, empty) -> ToolFormat:
+    """``fmt`` with XmlArgs.python_scalars where the template prints a
+    boolean as Python does (`|string`: Qwen3-Coder, Seed-OSS), not as JSON."""
+    if not isinstance(fmt.args, XmlArgs):
+        return fmt
+    calls = [{**probe_calls(fmt)[0], "arguments": {"city": "Paris", "exact": True}}]
+    text = _rendered(render, calls, empty) or ""
+    python = replace(fmt, args=replace(fmt.args, python_scalars=True))
+    return python if python.render(calls, special) in text and fmt.render(calls, special) not in text else fmt
 
 
 def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
