@@ -33,7 +33,7 @@ from guided.chat.chat_format import normalize_messages
 from guided.chat.parser import ChatParser
 from guided.chat.prompt import ControlEscaper, tokenize_rendered
 from guided.chat.request import ChatOptions, _call_lead, prepare_chat
-from guided.chat.tool_formats import PROBE_CALLS, PROBE_TOOLS, probe_calls
+from guided.chat.probe import PROBE_CALLS, PROBE_TOOLS, probe_calls
 from guided.outputs import CompletionOutput, RequestOutput
 from guided.sampling_params import SamplingParams
 from helpers.templates import WRITTEN, assert_no_injection, template_model, template_names

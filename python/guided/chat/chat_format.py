@@ -17,7 +17,8 @@ from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
 from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
-from .tool_formats import TEXT_ENVELOPE, DetectedFormat, detect
+from .probe import detect
+from .tool_formats import TEXT_ENVELOPE, DetectedFormat
 
 log = logging.getLogger("guided.chat")
 
