@@ -38,6 +38,12 @@ class ReadState:
     done: list[ParsedCall] = field(default_factory=list)
     json: "_JsonScan | None" = None       # the JSON arguments being written
     xml: "_XmlRead | None" = None         # the XML arguments being written
+    arguments: dict[str, dict] = field(default_factory=dict)   # per tool: argument_schemas, once
+
+    def argument_schemas(self, name: str, schemas: dict[str, dict]) -> dict[str, dict]:
+        if name not in self.arguments:
+            self.arguments[name] = argument_schemas(schemas.get(name) or {})
+        return self.arguments[name]
 
 
 def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
@@ -53,20 +59,17 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
             return [], cur.ok
         state.opened, state.pos = True, cur.pos
     calls = list(state.done)
-    if calls and cur.at_end():
-        return calls, True
     while True:
-        if calls and not cur.parts(f.sep):
-            break
+        if calls:   # after a whole call: another, or the close
+            if cur.at_end():
+                return calls, True
+            if not cur.peek(f.sep or _lead(f.call)) or not cur.parts(f.sep):
+                break
         call = ParsedCall()
         calls.append(call)
         if not _parse_call(cur, f, call, schemas):
             return calls, cur.ok
         state.done, state.pos = list(calls), cur.pos
-        if cur.at_end():
-            return calls, True
-        if not cur.peek(f.sep or _lead(f.call)):
-            break
     cur.parts(f.close)
     return calls, cur.ok
 
@@ -182,7 +185,7 @@ class _Cursor:
     def xml_args(self, call: ParsedCall, style, schemas: dict[str, dict], nxt: str) -> bool:
         """XML arguments (tool_formats.XmlArgs) into ``call.args`` as JSON,
         once they are whole: False while the text ends inside them."""
-        props = argument_schemas(schemas.get(call.name) or {})
+        props = self.state.argument_schemas(call.name, schemas)
         key_open, value_close = self.fixed(style.key_open), self.fixed(style.value_close)
         close_head = self.render(style.key_close[0]) if style.key_close else ""
         read = self.state.xml
@@ -223,7 +226,7 @@ class _Cursor:
     def py_args(self, call: ParsedCall, style: PyArgs, schemas: dict[str, dict], nxt: str) -> bool:
         """Python keyword arguments (tool_formats.PyArgs) into ``call.args``
         as JSON, once they are whole: False while the text ends inside them."""
-        props = argument_schemas(schemas.get(call.name) or {})
+        props = self.state.argument_schemas(call.name, schemas)
         values = {}
         while not self.text.startswith(nxt, self.pos):
             if values and not self.expect(", "):
