@@ -5,11 +5,17 @@
   goal is ≥ 70%), beside torch's gather + SDPA on the same cache;
 * mask-fused sampling at V = 152,064 and B = 1 / 64 / 256 against the torch
   sequence people write (masked_fill with the unpacked mask, softmax,
-  top-p by sort, multinomial), same knobs (goal ≥ 5×).
+  top-p by sort, multinomial), same knobs (goal ≥ 5×);
+* end to end, the default model on this GPU in bfloat16: decode tok/s at
+  batch 1 / 16 / 64 of guided (sampling on the device, and on the host as
+  before) against transformers' ``generate`` in the same dtype, same
+  prompts (decode = (n - 1) tokens per row over the time n tokens take
+  beyond one, as bench_generate.py measures it); and constrained ÷ free at
+  batch 64 (bench_guided_e2e.py's JSON schema and method: free decoding
+  gets the constrained run's lengths; goal ≥ 0.99).
 
-Times are CUDA-event medians of repeated launches after a warm-up. The
-end-to-end decode of the default model on the GPU is not measured here:
-the engine's CUDA step is not wired yet (issue 24's note says what is).
+Kernel times are CUDA-event medians of repeated launches after a warm-up;
+engine times the best of --repeat wall-clock runs.
 """
 from __future__ import annotations
 
@@ -102,9 +108,72 @@ def sampling_rows() -> list[dict]:
     return rows_out
 
 
+def engine_rows(repeat: int, new_tokens: int = 128, device: str = "cuda", batches=(1, 16, 64)) -> list[dict]:
+    import transformers
+    from bench_generate import best_of, prompts
+    from bench_guided_e2e import prompt_ids, run_guided
+
+    from guided import LLM, SamplingParams
+    from guided.model import default_model_path
+    path = Path(default_model_path())
+    # dense bfloat16 weights, as guided runs them on a GPU (newer transformers keep a GGUF's
+    # blocks packed unless told to dequantize)
+    dense = {"quantization_config": transformers.GgufConfig(gguf_file=path.name, dequantize=True)} \
+        if hasattr(transformers, "GgufConfig") else {}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.bfloat16, **dense).to(device).eval()
+    weights = sorted({str(p.dtype) for p in hf.parameters()})
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    llm = LLM(str(path), device=device, dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=64)
+    runner = llm.engine.runner
+    on_device = runner.sampler
+    rows = []
+    for batch in batches:
+        ps = prompts(batch)
+        ids = torch.tensor([tok.encode(p) for p in ps], device=device)
+
+        def hf_gen(n: int):
+            with torch.inference_mode():
+                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, pad_token_id=tok.pad_token_id or 0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        def ours(n: int, sampler):
+            runner.sampler = sampler
+            try:
+                llm.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
+            finally:
+                runner.sampler = on_device
+
+        runs = {"transformers": hf_gen, "guided": lambda n: ours(n, on_device),
+                "guided, host sampling": lambda n: ours(n, None)}
+        for name, gen in runs.items():
+            gen(4)  # warm-up
+            first = best_of(lambda: gen(1), repeat)
+            full = best_of(lambda: gen(new_tokens), repeat)
+            rows.append({"engine": name, "batch": batch, "dtype": "bfloat16", "new_tokens": new_tokens,
+                         "weights": "+".join(weights) if name == "transformers" else "bfloat16",
+                         "prefill_ms": first * 1e3,
+                         "decode_tok_s": batch * (new_tokens - 1) / (full - first)})
+        ref = rows[-3]["decode_tok_s"]
+        for r in rows[-2:]:
+            r["over_transformers"] = r["decode_tok_s"] / ref
+    r = run_guided(llm, prompt_ids(tok, batches[-1]), new_tokens, repeat)
+    rows.append({"engine": "guided", "batch": batches[-1], "dtype": "bfloat16", "tokens": r["tokens"],
+                 "valid_json": r["valid_json"], "constrained_tok_s": r["con_tps"], "free_tok_s": r["free_tps"],
+                 "constrained_over_free": r["con_tps"] / r["free_tps"], "ff_off_over_free": r["ff_off_tps"] / r["free_tps"],
+                 "forced_tokens": r["forced_tokens"], "steps": r["steps"],
+                 "mask_ms": r["mask_time_us"] / 1e3, "mask_waited_ms": r["mask_wait_us"] / 1e3})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--repeat", type=int, default=3, help="engine runs: best of this many")
+    ap.add_argument("--skip-engine", action="store_true", help="the kernels only")
+    ap.add_argument("--skip-kernels", action="store_true", help="the engine only")
     args = ap.parse_args()
     ok, why = cuda_ops.status()
     if not (ok and torch.cuda.is_available()):
@@ -112,10 +181,22 @@ def main() -> None:
     print(machine()["cpu_model"], "|", torch.cuda.get_device_name(), "| torch", torch.__version__)
     peak = copy_bandwidth()
     print(f"device-to-device copy: {peak / 1e9:.0f} GB/s")
-    rows = attention_rows(torch.bfloat16, peak) + attention_rows(torch.float32, peak) + sampling_rows()
+    rows = []
+    if not args.skip_kernels:
+        rows = attention_rows(torch.bfloat16, peak) + attention_rows(torch.float32, peak) + sampling_rows()
+        show(rows)
+        write_json(args.json, "cuda", args, rows, gpu=torch.cuda.get_device_name(), copy_bandwidth=peak)
+    if not args.skip_engine:
+        more = engine_rows(args.repeat)
+        show(more)
+        rows += more
+        write_json(args.json, "cuda", args, rows, gpu=torch.cuda.get_device_name(), copy_bandwidth=peak)
+
+
+def show(rows: list[dict]) -> None:
     for r in rows:
-        print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
-    write_json(args.json, "cuda", args, rows, gpu=torch.cuda.get_device_name(), copy_bandwidth=peak)
+        print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+              flush=True)
 
 
 if __name__ == "__main__":

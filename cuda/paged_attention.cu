@@ -20,6 +20,12 @@ constexpr int WARPS = 4;
 // keeps its own online softmax (running max, sum, weighted values), and the
 // warps are merged at the end. Lane j holds elements j, j + 32, ... of the
 // head (coalesced loads of one cached row per warp).
+//
+// What the new architectures ask of a layer's scores: a sliding window (only
+// the last `window` positions; 0: all of them: Gemma, Mistral, gpt-oss), a
+// soft-cap (softcap · tanh(s / softcap); 0: none: Gemma 2) and a per-head sink
+// logit that joins the softmax and takes its share of the weight without a
+// value (nullptr: none: gpt-oss).
 template <typename T, int HEAD>
 __device__ void decode(const T* __restrict__ q,            // [seqs, heads, HEAD]
                        const T* __restrict__ k_cache,      // [blocks, block_size, kv_heads, HEAD]
@@ -27,7 +33,8 @@ __device__ void decode(const T* __restrict__ q,            // [seqs, heads, HEAD
                        const int32_t* __restrict__ block_tables,  // [seqs, max_blocks]
                        const int32_t* __restrict__ context_lens,  // [seqs]
                        T* __restrict__ out,                 // [seqs, heads, HEAD]
-                       int heads, int kv_heads, int block_size, int max_blocks, float scale) {
+                       int heads, int kv_heads, int block_size, int max_blocks, float scale,
+                       int window, float softcap, const float* __restrict__ sinks) {
   constexpr int PER_LANE = HEAD / 32;
   const int head = blockIdx.x, seq = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -44,14 +51,16 @@ __device__ void decode(const T* __restrict__ q,            // [seqs, heads, HEAD
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) acc[i] = 0.f;
 
-  for (int pos = warp; pos < len; pos += WARPS) {
+  const int start = window > 0 && len > window ? len - window : 0;
+  for (int pos = start + warp; pos < len; pos += WARPS) {
     const size_t row = ((size_t)table[pos / block_size] * block_size + pos % block_size) * kv_heads + kv_head;
     const T* krow = k_cache + row * HEAD;
     const T* vrow = v_cache + row * HEAD;
     float dot = 0.f;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) dot += qv[i] * to_float(krow[lane + 32 * i]);
-    const float s = warp_sum(dot);
+    float s = warp_sum(dot);
+    if (softcap > 0.f) s = softcap * tanhf(s / softcap);
     const float m_new = fmaxf(m, s);
     const float shrink = __expf(m - m_new), w = __expf(s - m_new);
     l = l * shrink + w;
@@ -66,11 +75,12 @@ __device__ void decode(const T* __restrict__ q,            // [seqs, heads, HEAD
   for (int i = 0; i < PER_LANE; ++i) sm_acc[warp][lane + 32 * i] = acc[i];
   __syncthreads();
 
-  float best = -INFINITY;
+  const float sink = sinks == nullptr ? -INFINITY : sinks[head];
+  float best = sink;
   for (int w = 0; w < WARPS; ++w) best = fmaxf(best, sm_m[w]);
   T* orow = out + ((size_t)seq * heads + head) * HEAD;
   for (int e = threadIdx.x; e < HEAD; e += blockDim.x) {
-    float total = 0.f, sum = 0.f;
+    float total = sink == -INFINITY ? 0.f : __expf(sink - best), sum = 0.f;
     for (int w = 0; w < WARPS; ++w) {
       if (sm_l[w] == 0.f) continue;  // a warp that saw no position
       const float f = __expf(sm_m[w] - best);
@@ -102,9 +112,9 @@ __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, T* __
   extern "C" __global__ void __launch_bounds__(guided::WARPS * 32) NAME(                           \
       const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,                 \
       const int32_t* context_lens, T* out, int heads, int kv_heads, int block_size, int max_blocks, \
-      float scale) {                                                                               \
+      float scale, int window, float softcap, const float* sinks) {                                \
     guided::decode<T, HEAD>(q, k_cache, v_cache, block_tables, context_lens, out, heads, kv_heads, \
-                            block_size, max_blocks, scale);                                        \
+                            block_size, max_blocks, scale, window, softcap, sinks);                \
   }
 
 DECODE(guided_paged_decode_f32_h64, float, 64)
@@ -113,6 +123,9 @@ DECODE(guided_paged_decode_f16_h64, __half, 64)
 DECODE(guided_paged_decode_f16_h128, __half, 128)
 DECODE(guided_paged_decode_bf16_h64, __nv_bfloat16, 64)
 DECODE(guided_paged_decode_bf16_h128, __nv_bfloat16, 128)
+DECODE(guided_paged_decode_f32_h256, float, 256)
+DECODE(guided_paged_decode_f16_h256, __half, 256)
+DECODE(guided_paged_decode_bf16_h256, __nv_bfloat16, 256)
 
 #define WRITE_KV(NAME, T)                                                                         \
   extern "C" __global__ void NAME(const T* k, const T* v, T* k_cache, T* v_cache,                 \

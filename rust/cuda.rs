@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
-use crate::cuda_reference::{DecodeShape, SamplePointers, WARPS};
+use crate::cuda_reference::{DecodeScores, DecodeShape, SamplePointers, WARPS};
 
 /// (file stem, fatbin) for each `cuda/*.cu`.
 static FATBINS: &[(&str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/cuda_fatbins.rs"));
@@ -145,17 +145,21 @@ macro_rules! arg {
 fn decode_name(dtype: Dtype, head: usize) -> &'static str {
     match (dtype, head) {
         (Dtype::F32, 64) => "guided_paged_decode_f32_h64",
-        (Dtype::F32, _) => "guided_paged_decode_f32_h128",
+        (Dtype::F32, 128) => "guided_paged_decode_f32_h128",
+        (Dtype::F32, _) => "guided_paged_decode_f32_h256",
         (Dtype::F16, 64) => "guided_paged_decode_f16_h64",
-        (Dtype::F16, _) => "guided_paged_decode_f16_h128",
+        (Dtype::F16, 128) => "guided_paged_decode_f16_h128",
+        (Dtype::F16, _) => "guided_paged_decode_f16_h256",
         (Dtype::Bf16, 64) => "guided_paged_decode_bf16_h64",
-        (Dtype::Bf16, _) => "guided_paged_decode_bf16_h128",
+        (Dtype::Bf16, 128) => "guided_paged_decode_bf16_h128",
+        (Dtype::Bf16, _) => "guided_paged_decode_bf16_h256",
     }
 }
 
 /// Decode attention (cuda/paged_attention.cu). Pointers: q [seqs, heads,
 /// head], caches [blocks, block_size, kv_heads, head], block_tables [seqs,
-/// max_blocks] int32, context_lens [seqs] int32, out like q.
+/// max_blocks] int32, context_lens [seqs] int32, out like q; the sinks
+/// (float32 [heads]) by pointer too.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_decode(
     shape: &DecodeShape,
@@ -166,19 +170,22 @@ pub fn paged_decode(
     block_tables: u64,
     context_lens: u64,
     out: u64,
-    scale: f32,
+    scores: &DecodeScores<u64>,
     stream: u64,
 ) -> Result<(), String> {
     shape.check()?;
+    scores.check()?;
     if shape.seqs == 0 {
         return Ok(());
     }
     let ints = |v: usize| i32::try_from(v).map_err(|_| format!("{v} does not fit a 32-bit int"));
     let (heads, kv_heads, block_size, max_blocks) =
         (ints(shape.heads)?, ints(shape.kv_heads)?, ints(shape.block_size)?, ints(shape.max_blocks)?);
+    let (scale, window, softcap, sinks) = (scores.scale, ints(scores.window)?, scores.softcap, scores.sinks.unwrap_or(0));
     let mut args = [
         arg!(q), arg!(k_cache), arg!(v_cache), arg!(block_tables), arg!(context_lens), arg!(out),
         arg!(heads), arg!(kv_heads), arg!(block_size), arg!(max_blocks), arg!(scale),
+        arg!(window), arg!(softcap), arg!(sinks),
     ];
     // SAFETY: the arguments are the kernel's, in order; the caller vouches for the pointers
     unsafe { launch(decode_name(dtype, shape.head_size), (shape.heads as u32, shape.seqs as u32), (WARPS * 32) as u32, stream, &mut args) }

@@ -16,7 +16,37 @@ use crate::random::gumbel;
 /// with its own online softmax, merged at the end.
 pub const WARPS: usize = 4;
 /// Head sizes the decode kernel is built for.
-pub const HEAD_SIZES: [usize; 2] = [64, 128];
+pub const HEAD_SIZES: [usize; 3] = [64, 128, 256];
+
+/// How a layer's decode scores q·k become weights: the scale, then what
+/// the new architectures add. `S` is how the sinks are held: a slice here,
+/// a device pointer for the launcher.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeScores<S> {
+    pub scale: f32,
+    /// Only the last `window` positions are read (0: all of them).
+    pub window: usize,
+    /// Scores become softcap · tanh(s / softcap) (0: no cap).
+    pub softcap: f32,
+    /// Per head, a logit that joins the softmax without a value.
+    pub sinks: Option<S>,
+}
+
+impl<S> DecodeScores<S> {
+    pub fn plain(scale: f32) -> Self {
+        DecodeScores { scale, window: 0, softcap: 0.0, sinks: None }
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        if !self.scale.is_finite() {
+            return Err(format!("scale must be finite, got {}", self.scale));
+        }
+        if !(self.softcap >= 0.0 && self.softcap.is_finite()) {
+            return Err(format!("softcap must be a finite number >= 0 (0: none), got {}", self.softcap));
+        }
+        Ok(())
+    }
+}
 
 /// The sizes of one decode-attention call: one query row per sequence, over
 /// the paged cache's [`Layout`] (whose fields it reads as its own).
@@ -73,7 +103,7 @@ impl DecodeShape {
 }
 
 /// Decode attention: `q` [seqs, heads, head], caches [blocks, block_size,
-/// kv_heads, head], scores scaled by `scale`; returns [seqs, heads, head].
+/// kv_heads, head], scores as `scores` says; returns [seqs, heads, head].
 /// A sequence with no context gets zeros.
 pub fn paged_decode(
     shape: &DecodeShape,
@@ -82,10 +112,15 @@ pub fn paged_decode(
     v_cache: &[f32],
     block_tables: &[i32],
     context_lens: &[i32],
-    scale: f32,
+    scores: &DecodeScores<&[f32]>,
 ) -> Result<Vec<f32>, String> {
     shape.check()?;
+    scores.check()?;
     shape.check_tables(block_tables, context_lens)?;
+    if scores.sinks.is_some_and(|s| s.len() != shape.heads) {
+        return Err(format!("sinks must have one logit per head ({})", shape.heads));
+    }
+    let scale = scores.scale;
     let d = shape.head_size;
     let cache_len = shape.num_blocks * shape.block_size * shape.kv_heads * d;
     if q.len() != shape.seqs * shape.heads * d || k_cache.len() != cache_len || v_cache.len() != cache_len {
@@ -96,6 +131,7 @@ pub fn paged_decode(
     for s in 0..shape.seqs {
         let table = &block_tables[s * shape.max_blocks..];
         let len = context_lens[s] as usize;
+        let start = if scores.window > 0 { len.saturating_sub(scores.window) } else { 0 };
         for h in 0..shape.heads {
             let qrow: Vec<f32> = q[(s * shape.heads + h) * d..][..d].iter().map(|v| v * scale).collect();
             let row_of = |pos: usize| {
@@ -106,9 +142,12 @@ pub fn paged_decode(
             let mut parts: [(f32, f32, Vec<f32>); WARPS] =
                 std::array::from_fn(|_| (f32::NEG_INFINITY, 0.0, vec![0.0; d]));
             for (w, (m, l, acc)) in parts.iter_mut().enumerate() {
-                for pos in (w..len).step_by(WARPS) {
+                for pos in (start + w..len).step_by(WARPS) {
                     let at = row_of(pos);
-                    let score: f32 = qrow.iter().zip(&k_cache[at..at + d]).map(|(a, b)| a * b).sum();
+                    let mut score: f32 = qrow.iter().zip(&k_cache[at..at + d]).map(|(a, b)| a * b).sum();
+                    if scores.softcap > 0.0 {
+                        score = scores.softcap * (score / scores.softcap).tanh();
+                    }
                     let m_new = m.max(score);
                     let (shrink, weight) = ((*m - m_new).exp(), (score - m_new).exp());
                     *l = *l * shrink + weight;
@@ -118,10 +157,11 @@ pub fn paged_decode(
                     *m = m_new;
                 }
             }
-            let best = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+            let sink = scores.sinks.map_or(f32::NEG_INFINITY, |s| s[h]);
+            let best = parts.iter().map(|p| p.0).fold(sink, f32::max);
             let orow = &mut out[(s * shape.heads + h) * d..][..d];
             for (e, o) in orow.iter_mut().enumerate() {
-                let (mut total, mut sum) = (0f32, 0f32);
+                let (mut total, mut sum) = (if sink == f32::NEG_INFINITY { 0.0 } else { (sink - best).exp() }, 0f32);
                 for (m, l, acc) in parts.iter().filter(|p| p.1 > 0.0) {
                     let f = (m - best).exp();
                     total += f * l;
@@ -292,6 +332,54 @@ pub fn masked_sample(logits: &[f32], mask: Option<&[i32]>, p: &RowParams) -> (i6
         }
     }
     (pick as i64, s[pick] - mass.ln())
+}
+
+/// Penalties, bias and bans for `guided_adjust_logits`: one entry per
+/// distinct (row, token), then the per-row penalties.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Adjustments {
+    pub rows: Vec<i32>,
+    pub tokens: Vec<i32>,
+    /// 1 where the token is in the prompt or output (repetition penalty).
+    pub seen: Vec<i32>,
+    /// Occurrences in the output (frequency and presence penalties).
+    pub counts: Vec<i32>,
+    /// The summed logit bias; -inf bans the token.
+    pub bias: Vec<f32>,
+    pub repetition: Vec<f32>,
+    pub frequency: Vec<f32>,
+    pub presence: Vec<f32>,
+}
+
+/// Penalties, logit bias and bans in place on `logits` [rows, vocab], entry
+/// by entry, as `guided_adjust_logits` applies them (the CPU sampler's
+/// order: repetition, then frequency and presence, then the bias).
+pub fn adjust_logits(logits: &mut [f32], vocab: usize, a: &Adjustments) -> Result<(), String> {
+    let rows = if vocab == 0 { 0 } else { logits.len() / vocab };
+    let n = a.rows.len();
+    if [a.tokens.len(), a.seen.len(), a.counts.len(), a.bias.len()].iter().any(|&l| l != n) {
+        return Err("rows, tokens, seen, counts and bias must have one value per entry".into());
+    }
+    if [a.repetition.len(), a.frequency.len(), a.presence.len()].iter().any(|&l| l != rows) {
+        return Err(format!("repetition, frequency and presence must have {rows} rows, as the logits"));
+    }
+    for e in 0..n {
+        let (row, token) = (a.rows[e], a.tokens[e]);
+        if row < 0 || row as usize >= rows || token < 0 || token as usize >= vocab {
+            return Err(format!("entry {e} names row {row}, token {token}: outside the logits [{rows}, {vocab}]"));
+        }
+        let (row, x) = (row as usize, &mut logits[row as usize * vocab + token as usize]);
+        let mut v = clean(*x);
+        if a.seen[e] != 0 {
+            let rp = a.repetition[row];
+            v = if v > 0.0 { v / rp } else { v * rp };
+        }
+        if a.counts[e] > 0 {
+            v -= a.frequency[row] * a.counts[e] as f32 + a.presence[row];
+        }
+        *x = v + a.bias[e];
+    }
+    Ok(())
 }
 
 /// Device pointers of a sampling call: logits [rows, vocab] float32, mask

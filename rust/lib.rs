@@ -7,6 +7,7 @@ pub mod closing;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cuda_reference;
+pub mod device_sampling;
 pub mod grammar;
 pub mod masks;
 pub mod pool;

@@ -29,6 +29,12 @@ pub struct MaskBatch {
     pub elapsed_us: u64,
 }
 
+impl std::fmt::Debug for MaskBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MaskBatch").field("words", &self.words).field("rows", &self.rows.len()).finish()
+    }
+}
+
 impl MaskBatch {
     pub fn row(&self, i: usize) -> Option<&[i32]> {
         self.has_mask[i].then(|| &self.buf[i * self.words..(i + 1) * self.words])

@@ -7,7 +7,10 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::block_manager::CacheEvent;
+use crate::cuda_reference::RowParams;
+use crate::device_sampling::DeviceRows;
 use crate::python_grammar::PyGrammar;
+use crate::sampling::Sampled;
 use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
 use crate::sequence::{LogitBias, RequestParams, Steering};
 
@@ -97,10 +100,28 @@ impl PyScheduler {
         let mask = mask.as_ref().map(|m| (m.as_slice().expect("standard layout"), m.ncols()));
         let inner = &mut self.inner;
         let out = py.detach(|| inner.sample(flat, rows, vocab, mask)).map_err(to_py)?;
-        let tokens: Vec<i64> = out.iter().map(|s| s.token).collect();
-        let logprobs: Vec<f32> = out.iter().map(|s| s.logprob).collect();
-        let tops = out.into_iter().map(|s| s.top.map(|t| (t.logprob, t.top))).collect();
-        Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py), tops))
+        Ok(draws(py, out))
+    }
+
+    fn device_rows(&mut self, py: Python<'_>, vocab: usize) -> PyResult<PyDeviceRows> {
+        let inner = &mut self.inner;
+        let rows = py.detach(|| inner.device_rows(vocab)).map_err(to_py)?;
+        Ok(PyDeviceRows::new(py, rows))
+    }
+
+    fn sample_host<'py>(
+        &mut self,
+        py: Python<'py>,
+        logits: PyReadonlyArray2<'py, f32>,
+        rows: Vec<usize>,
+    ) -> PyResult<Draws<'py>> {
+        let vocab = logits.shape()[1];
+        let logits = logits.as_array();
+        let logits = logits.as_standard_layout();
+        let flat = logits.as_slice().expect("standard layout");
+        let inner = &mut self.inner;
+        let out = py.detach(|| inner.sample_host(flat, &rows, vocab)).map_err(to_py)?;
+        Ok(draws(py, out))
     }
 
     fn update(&mut self, py: Python<'_>, sampled: PyReadonlyArray1<'_, i64>) -> PyResult<Vec<PyStepOutput>> {
@@ -193,6 +214,80 @@ impl PyStepOutput {
     }
 }
 
+fn draws(py: Python<'_>, out: Vec<Sampled>) -> Draws<'_> {
+    let tokens: Vec<i64> = out.iter().map(|s| s.token).collect();
+    let logprobs: Vec<f32> = out.iter().map(|s| s.logprob).collect();
+    let tops = out.into_iter().map(|s| s.top.map(|t| (t.logprob, t.top))).collect();
+    (tokens.into_pyarray(py), logprobs.into_pyarray(py), tops)
+}
+
+/// One step's sampling rows as the device sampler reads them
+/// (rust/device_sampling.rs), as numpy arrays.
+#[pyclass(name = "DeviceRows", module = "guided._native", frozen)]
+struct PyDeviceRows {
+    #[pyo3(get)]
+    mask: Option<Py<PyArray2<i32>>>,
+    #[pyo3(get)]
+    temperature: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    top_k: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    top_p: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    min_p: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    seeds: Py<PyArray1<u64>>,
+    #[pyo3(get)]
+    steps: Py<PyArray1<u64>>,
+    #[pyo3(get)]
+    entry_rows: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    entry_tokens: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    entry_seen: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    entry_counts: Py<PyArray1<i32>>,
+    #[pyo3(get)]
+    entry_bias: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    repetition: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    frequency: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    presence: Py<PyArray1<f32>>,
+    #[pyo3(get)]
+    host: Py<PyArray1<bool>>,
+}
+
+impl PyDeviceRows {
+    fn new(py: Python<'_>, d: DeviceRows) -> Self {
+        let rows = d.params.len();
+        let mask = (d.words > 0).then(|| {
+            numpy::ndarray::Array2::from_shape_vec((rows, d.words), d.mask).expect("mask is rows × words").into_pyarray(py).unbind()
+        });
+        let col = |f: fn(&RowParams) -> f32| d.params.iter().map(f).collect::<Vec<f32>>().into_pyarray(py).unbind();
+        let a = d.adjust;
+        PyDeviceRows {
+            mask,
+            temperature: col(|p| p.temperature),
+            top_k: d.params.iter().map(|p| p.top_k).collect::<Vec<i32>>().into_pyarray(py).unbind(),
+            top_p: col(|p| p.top_p),
+            min_p: col(|p| p.min_p),
+            seeds: d.params.iter().map(|p| p.seed).collect::<Vec<u64>>().into_pyarray(py).unbind(),
+            steps: d.params.iter().map(|p| p.step).collect::<Vec<u64>>().into_pyarray(py).unbind(),
+            entry_rows: a.rows.into_pyarray(py).unbind(),
+            entry_tokens: a.tokens.into_pyarray(py).unbind(),
+            entry_seen: a.seen.into_pyarray(py).unbind(),
+            entry_counts: a.counts.into_pyarray(py).unbind(),
+            entry_bias: a.bias.into_pyarray(py).unbind(),
+            repetition: a.repetition.into_pyarray(py).unbind(),
+            frequency: a.frequency.into_pyarray(py).unbind(),
+            presence: a.presence.into_pyarray(py).unbind(),
+            host: d.host.into_pyarray(py).unbind(),
+        }
+    }
+}
+
 #[pyclass(name = "StepPlan", module = "guided._native", frozen)]
 struct PyStepPlan {
     #[pyo3(get)]
@@ -260,6 +355,7 @@ impl PyStepPlan {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyScheduler>()?;
     m.add_class::<PyStepPlan>()?;
+    m.add_class::<PyDeviceRows>()?;
     m.add_class::<PyStepOutput>()?;
     m.add_class::<crate::python_grammar::PyGrammarCompiler>()?;
     m.add_class::<crate::python_grammar::PyGrammar>()?;

@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::attention::Layout;
-use crate::cuda_reference::{self as reference, DecodeShape, RowParams, SamplePointers};
+use crate::cuda_reference::{self as reference, Adjustments, DecodeScores, DecodeShape, RowParams, SamplePointers};
 
 /// A torch tensor as the launchers see it: (data_ptr, shape, dtype, device,
 /// contiguous).
@@ -116,8 +116,10 @@ pub fn cuda_kernel_files() -> Vec<(String, usize)> {
 
 /// Decode attention over the paged cache. q and out [seqs, heads, head];
 /// caches [blocks, block_size, kv_heads, head] of q's dtype; block_tables
-/// [seqs, max_blocks] and context_lens [seqs] int32.
+/// [seqs, max_blocks] and context_lens [seqs] int32; the scores' window
+/// (0: none), soft-cap (0: none) and sinks (float32 [heads] or None).
 #[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, block_tables, context_lens, out, scale, window, softcap, sinks, stream))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_paged_decode(
     q: TensorArg,
@@ -127,6 +129,9 @@ pub fn cuda_paged_decode(
     context_lens: TensorArg,
     out: TensorArg,
     scale: f32,
+    window: usize,
+    softcap: f32,
+    sinks: Option<TensorArg>,
     stream: u64,
 ) -> PyResult<()> {
     let (dev, dt) = (q.device().to_string(), q.dtype().to_string());
@@ -145,13 +150,16 @@ pub fn cuda_paged_decode(
     let tables = expect(&block_tables, "block_tables", &dev, Some("torch.int32"), &[Some(seqs), None])?;
     let lens = expect(&context_lens, "context_lens", &dev, Some("torch.int32"), &[Some(seqs)])?;
     let o = expect(&out, "out", &dev, Some(&dt), &[Some(seqs), Some(heads), Some(head)])?;
+    let sinks = sinks.map(|t| expect(&t, "sinks", &dev, Some("torch.float32"), &[Some(heads)])).transpose()?;
+    let _scores = DecodeScores { scale, window, softcap, sinks };
     let _dtype = dtype_of(&q)?;
     shape.check().map_err(PyValueError::new_err)?;
+    _scores.check().map_err(PyValueError::new_err)?;
     #[cfg(feature = "cuda")]
-    return launched(crate::cuda::paged_decode(&shape, _dtype, q.ptr(), k, v, tables, lens, o, scale, stream));
+    return launched(crate::cuda::paged_decode(&shape, _dtype, q.ptr(), k, v, tables, lens, o, &_scores, stream));
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (k, v, tables, lens, o, scale, stream);
+        let _ = (k, v, tables, lens, o, stream);
         launched(Err(NO_CUDA.into()))
     }
 }
@@ -332,6 +340,8 @@ fn contiguous<'a, T, E>(r: Result<&'a [T], E>, name: &str) -> PyResult<&'a [T]> 
 /// The decode kernel's algorithm on the CPU (float32 arrays; see
 /// `cuda_reference::paged_decode`).
 #[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, block_tables, context_lens, scale, window = 0, softcap = 0.0, sinks = None))]
+#[allow(clippy::too_many_arguments)]
 pub fn reference_paged_decode<'py>(
     py: Python<'py>,
     q: PyReadonlyArray3<'py, f32>,
@@ -340,6 +350,9 @@ pub fn reference_paged_decode<'py>(
     block_tables: PyReadonlyArray2<'py, i32>,
     context_lens: PyReadonlyArray1<'py, i32>,
     scale: f32,
+    window: usize,
+    softcap: f32,
+    sinks: Option<PyReadonlyArray1<'py, f32>>,
 ) -> PyResult<Bound<'py, PyArray3<f32>>> {
     let (qs, ks) = (q.shape().to_vec(), k_cache.shape().to_vec());
     let paged = Layout { heads: qs[1], kv_heads: ks[2], head_size: qs[2], num_blocks: ks[0], block_size: ks[1], max_blocks: block_tables.shape()[1] };
@@ -351,7 +364,7 @@ pub fn reference_paged_decode<'py>(
         contiguous(v_cache.as_slice(), "v_cache")?,
         contiguous(block_tables.as_slice(), "block_tables")?,
         contiguous(context_lens.as_slice(), "context_lens")?,
-        scale,
+        &DecodeScores { scale, window, softcap, sinks: sinks.as_ref().map(|s| contiguous(s.as_slice(), "sinks")).transpose()? },
     )
     .map_err(PyValueError::new_err)?;
     out.into_pyarray(py).reshape([qs[0], qs[1], qs[2]])
@@ -392,6 +405,27 @@ pub fn reference_masked_sample<'py>(
     Ok((tokens.into_pyarray(py), logprobs.into_pyarray(py)))
 }
 
+/// The adjust kernel's algorithm on the CPU, in place on logits [rows,
+/// vocab] float32 (the arguments of `cuda_adjust_logits`, as numpy arrays).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn reference_adjust_logits(
+    mut logits: numpy::PyReadwriteArray2<'_, f32>,
+    rows: Vec<i32>,
+    tokens: Vec<i32>,
+    seen: Vec<i32>,
+    counts: Vec<i32>,
+    bias: Vec<f32>,
+    repetition: Vec<f32>,
+    frequency: Vec<f32>,
+    presence: Vec<f32>,
+) -> PyResult<()> {
+    let vocab = logits.shape()[1];
+    let a = Adjustments { rows, tokens, seen, counts, bias, repetition, frequency, presence };
+    let x = logits.as_slice_mut().map_err(|_| PyValueError::new_err("logits must be C-contiguous"))?;
+    reference::adjust_logits(x, vocab, &a).map_err(PyValueError::new_err)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_kernel_files, m)?)?;
@@ -402,5 +436,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_adjust_logits, m)?)?;
     m.add_function(wrap_pyfunction!(reference_paged_decode, m)?)?;
     m.add_function(wrap_pyfunction!(reference_masked_sample, m)?)?;
+    m.add_function(wrap_pyfunction!(reference_adjust_logits, m)?)?;
     Ok(())
 }

@@ -13,11 +13,15 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use crate::block_manager::{BlockManager, CacheEvent};
 use crate::grammar::Grammar;
+use crate::device_sampling::{device_rows, DeviceRows};
 use crate::masks::{row_masks, MaskBatch, MaskJob, MaskRow};
+use crate::random::Stream;
 use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
-use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering};
+use crate::sequence::{token_ids, Commit, FinishReason, RequestParams, SeqId, Sequence, Status, Steering};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -123,6 +127,8 @@ pub struct Scheduler {
     in_flight: Option<InFlight>,
     /// The masks of the plan in flight, while they are computed.
     masks: Option<MaskJob>,
+    /// The masks `device_rows()` joined, for `sample_host()`; dropped at `update()`.
+    joined: Option<MaskBatch>,
     counters: Counters,
     next_arrival: u64,
 }
@@ -155,6 +161,7 @@ impl Scheduler {
             running: Vec::new(),
             in_flight: None,
             masks: None,
+            joined: None,
             counters: Counters::default(),
             next_arrival: 0,
             cfg,
@@ -540,12 +547,9 @@ impl Scheduler {
         vocab: usize,
         mask: Option<(&[i32], usize)>,
     ) -> Result<Vec<Sampled>, Error> {
-        let ids = match &self.in_flight {
-            Some(f) => f.sample_ids.clone(),
-            None => return Err(Error::State("sample() called with no plan: call schedule() first".into())),
-        };
-        if rows != ids.len() || logits.len() != rows * vocab {
-            return invalid(format!("logits has {rows} rows; the last plan samples {} rows", ids.len()));
+        let n = self.sample_rows_count("sample")?;
+        if rows != n || logits.len() != rows * vocab {
+            return invalid(format!("logits has {rows} rows; the last plan samples {n} rows"));
         }
         if let Some((words, w)) = mask {
             if words.len() != rows * w {
@@ -554,22 +558,83 @@ impl Scheduler {
         }
         self.start_masks()?;
         let batch = self.join_masks();
-        let constrained: Vec<bool> = (0..rows).map(|i| batch.as_ref().is_some_and(|b| b.row(i).is_some()) || mask.is_some()).collect();
-        let owned = row_masks(batch.as_ref(), mask, rows);
-        let masks: Vec<Option<&[i32]>> = owned.iter().zip(&constrained).map(|(m, &c)| c.then_some(&m[..])).collect();
+        let all: Vec<usize> = (0..rows).collect();
+        Ok(self.sample_on_host(logits, vocab, &all, batch.as_ref(), mask))
+    }
+
+    /// The last plan's rows as the device sampler reads them
+    /// (`device_sampling.rs`), their grammar masks joined in. Rows marked
+    /// `host` (they ask for top logprobs) are then drawn by `sample_host`.
+    pub fn device_rows(&mut self, vocab: usize) -> Result<DeviceRows, Error> {
+        let rows = self.sample_rows_count("device_rows")?;
+        self.start_masks()?;
+        self.joined = self.join_masks();
+        let ids = self.in_flight.as_ref().map(|f| f.sample_ids.clone()).unwrap_or_default();
+        let masks: Vec<Option<&[i32]>> = (0..rows).map(|i| self.joined.as_ref().and_then(|b| b.row(i))).collect();
+        let stand_in = SamplingParams::default();
+        let live: Vec<Option<&Sequence>> = ids.iter().map(|id| self.seqs.get(id)).collect();
+        let banned: Vec<Vec<u32>> = live.iter().map(|s| s.map_or(Vec::new(), |s| s.banned_tokens(&self.eos))).collect();
+        let rows_in = sampling_rows(&live, &banned, &stand_in);
+        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or(Stream { seed: 0, step: 0 }, |s| s.rng)).collect();
+        let out = device_rows(vocab, &masks, &rows_in, &mut rngs);
+        for (id, rng) in ids.iter().zip(rngs) {
+            if let Some(seq) = self.seqs.get_mut(id) {
+                seq.rng = rng;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Draw rows `which` of the last plan on the host, after `device_rows`:
+    /// `logits` holds those rows only (`which.len() × vocab`), masked by the
+    /// grammar masks `device_rows` joined.
+    pub fn sample_host(&mut self, logits: &[f32], which: &[usize], vocab: usize) -> Result<Vec<Sampled>, Error> {
+        let rows = self.sample_rows_count("sample_host")?;
+        if let Some(&i) = which.iter().find(|&&i| i >= rows) {
+            return invalid(format!("row {i} is not one of the last plan's {rows} sampling rows"));
+        }
+        if logits.len() != which.len() * vocab {
+            return invalid(format!("logits has {} values; {} rows of {vocab} were named", logits.len(), which.len()));
+        }
+        let batch = self.joined.take();
+        let out = self.sample_on_host(logits, vocab, which, batch.as_ref(), None);
+        self.joined = batch;
+        Ok(out)
+    }
+
+    /// How many rows the plan in flight samples; a state error naming `what`
+    /// without one.
+    fn sample_rows_count(&self, what: &str) -> Result<usize, Error> {
+        match &self.in_flight {
+            Some(f) => Ok(f.sample_ids.len()),
+            None => Err(Error::State(format!("{what}() called with no plan: call schedule() first"))),
+        }
+    }
+
+    /// The CPU sampler over rows `which` of the plan in flight (`logits`
+    /// holds those rows in that order); rows of sequences aborted since
+    /// schedule() get token -1.
+    fn sample_on_host(
+        &mut self,
+        logits: &[f32],
+        vocab: usize,
+        which: &[usize],
+        batch: Option<&MaskBatch>,
+        mask: Option<(&[i32], usize)>,
+    ) -> Vec<Sampled> {
+        let all = self.in_flight.as_ref().map(|f| f.sample_ids.clone()).unwrap_or_default();
+        let ids: Vec<SeqId> = which.iter().map(|&i| all[i]).collect();
+        let owned = row_masks(batch, mask, all.len());
+        let masks: Vec<Option<&[i32]>> = which
+            .iter()
+            .map(|&i| (batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some()).then_some(&owned[i][..]))
+            .collect();
         // Rows of sequences aborted since schedule() get a stand-in and -1.
         let stand_in = SamplingParams::default();
         let live: Vec<Option<&Sequence>> = ids.iter().map(|id| self.seqs.get(id)).collect();
         let banned: Vec<Vec<u32>> = live.iter().map(|s| s.map_or(Vec::new(), |s| s.banned_tokens(&self.eos))).collect();
-        let rows_in: Vec<Row<'_>> = live
-            .iter()
-            .zip(&banned)
-            .map(|(s, banned)| match s {
-                Some(s) => Row { params: &s.sampling, prompt: s.prompt(), output: s.output(), banned },
-                None => Row { params: &stand_in, prompt: &[], output: &[], banned },
-            })
-            .collect();
-        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| crate::random::Stream::new(Some(0)), |s| s.rng)).collect();
+        let rows_in = sampling_rows(&live, &banned, &stand_in);
+        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| Stream::new(Some(0)), |s| s.rng)).collect();
         let mut out = sample_rows(logits, vocab, &masks, &rows_in, &mut rngs);
         for ((id, rng), o) in ids.iter().zip(rngs).zip(&mut out) {
             match self.seqs.get_mut(id) {
@@ -577,7 +642,7 @@ impl Scheduler {
                 None => o.token = -1,
             }
         }
-        Ok(out)
+        out
     }
 
     /// Append one sampled token per row of the last plan, apply stop
@@ -596,17 +661,28 @@ impl Scheduler {
             return invalid(format!("update() got {} tokens; the last plan samples {n} rows", sampled.len()));
         }
         self.join_masks(); // started, but sampled elsewhere
+        self.joined = None;
         self.commit(&flight.seq_ids);
-        let mut out = Vec::with_capacity(sampled.len());
-        for (&id, &token) in flight.sample_ids.iter().zip(sampled) {
-            let Some(seq) = self.seqs.get_mut(&id) else { continue };
-            let c = seq.commit(token, &self.eos, self.max_len);
+        // Each row advances its own grammar (and may search for a closing,
+        // crate::closing): rows in parallel, as their masks were.
+        let row_of: HashMap<SeqId, usize> = flight.sample_ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let mut rows: Vec<(usize, &mut Sequence)> =
+            self.seqs.iter_mut().filter_map(|(id, s)| row_of.get(id).map(|&i| (i, s))).collect();
+        rows.sort_unstable_by_key(|(i, _)| *i);
+        let (eos, max_len) = (&self.eos, self.max_len);
+        let commits: Vec<(usize, Commit, usize)> = rows
+            .into_par_iter()
+            .map(|(i, seq)| (i, seq.commit(sampled[i], eos, max_len), seq.num_cached_tokens.unwrap_or(0)))
+            .collect();
+        let mut out = Vec::with_capacity(commits.len());
+        for (i, c, num_cached_tokens) in commits {
+            let (id, token) = (flight.sample_ids[i], sampled[i]);
             self.counters.forced_tokens += c.forced.len();
             out.push(StepOutput {
                 seq_id: id,
                 token: if c.appended { c.replaced_by.map_or(token, i64::from) } else { -1 },
                 finish_reason: c.reason,
-                num_cached_tokens: seq.num_cached_tokens.unwrap_or(0),
+                num_cached_tokens,
                 forced: c.forced,
                 error: c.error,
             });
@@ -616,6 +692,18 @@ impl Scheduler {
         }
         Ok(out)
     }
+}
+
+/// What the samplers read of each row's sequence (a stand-in where it was
+/// aborted since schedule()).
+fn sampling_rows<'a>(live: &[Option<&'a Sequence>], banned: &'a [Vec<u32>], stand_in: &'a SamplingParams) -> Vec<Row<'a>> {
+    live.iter()
+        .zip(banned)
+        .map(|(s, banned)| match s {
+            Some(s) => Row { params: &s.sampling, prompt: s.prompt(), output: s.output(), banned },
+            None => Row { params: stand_in, prompt: &[], output: &[], banned },
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -17,14 +17,49 @@ import numpy.typing as npt
 
 from guided.sampling_params import SamplingParams
 
-__all__ = ["Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
+__all__ = ["DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
            "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
            "cuda_paged_decode", "cuda_status", "cuda_write_kv", "quant_formats", "quant_kernels",
-           "reference_masked_sample", "reference_paged_decode"]
+           "reference_adjust_logits", "reference_masked_sample", "reference_paged_decode"]
 
 #: a torch tensor as the CUDA launchers take it (python/guided/cuda_ops.py):
 #: (data_ptr, shape, dtype, device, contiguous)
 _TensorArg = tuple[int, list[int], str, str, bool]
+
+#: host values the adjust reference takes as int32 / float32 entries
+_Ints = npt.NDArray[np.int32] | list[int]
+_Floats = npt.NDArray[np.float32] | list[float]
+
+@final
+class DeviceRows:
+    """One step's ``R`` sampling rows as the device sampler reads them
+    (read-only numpy arrays; rust/device_sampling.rs)."""
+
+    mask: npt.NDArray[np.int32] | None
+    """[R, ceil(V / 32)] packed bits (an unconstrained row allows all); None
+    when no row has a grammar."""
+    temperature: npt.NDArray[np.float32]
+    top_k: npt.NDArray[np.int32]
+    top_p: npt.NDArray[np.float32]
+    min_p: npt.NDArray[np.float32]
+    seeds: npt.NDArray[np.uint64]
+    """[R] each sequence's seed."""
+    steps: npt.NDArray[np.uint64]
+    """[R] each draw's place in its sequence's stream."""
+    entry_rows: npt.NDArray[np.int32]
+    """[E] one entry per (row, token) a penalty, bias or ban changes."""
+    entry_tokens: npt.NDArray[np.int32]
+    entry_seen: npt.NDArray[np.int32]
+    """[E] 1 where the token is in the prompt or output (repetition penalty)."""
+    entry_counts: npt.NDArray[np.int32]
+    """[E] the token's count in the output (frequency and presence)."""
+    entry_bias: npt.NDArray[np.float32]
+    """[E] the summed logit bias; -inf bans."""
+    repetition: npt.NDArray[np.float32]
+    frequency: npt.NDArray[np.float32]
+    presence: npt.NDArray[np.float32]
+    host: npt.NDArray[np.bool_]
+    """[R] rows the host samples (they ask for top logprobs)."""
 
 @final
 class StepPlan:
@@ -173,6 +208,17 @@ class Scheduler:
         before temperature and filters. A row whose mask allows nothing gets
         token -1 and logprob -inf. Raises ValueError on a shape mismatch and
         RuntimeError before any plan."""
+    def device_rows(self, vocab: int) -> DeviceRows:
+        """The last plan's sampling rows as the device sampler's kernels read
+        them (rust/device_sampling.rs), the grammar masks joined in (in place
+        of ``sample``). Advances the random streams of the rows it hands
+        over; rows marked ``host`` go to ``sample_host``."""
+    def sample_host(self, logits: npt.NDArray[np.float32], rows: list[int]
+                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32],
+                               list[tuple[float, list[tuple[int, float]]] | None]]:
+        """After ``device_rows``: the CPU sampler over the plan's sampling
+        rows ``rows``, whose logits [len(rows), V] are given in that order;
+        returns as ``sample`` does."""
     def update(self, sampled: npt.NDArray[np.int64]) -> list[StepOutput]:
         """Append the sampled tokens ([R], ``sample`` order) and apply stop conditions.
 
@@ -332,8 +378,11 @@ def cuda_kernel_files() -> list[tuple[str, int]]:
     """(cuda/ file stem, fatbin bytes) of every embedded kernel file."""
 
 def cuda_paged_decode(q: _TensorArg, k_cache: _TensorArg, v_cache: _TensorArg, block_tables: _TensorArg,
-                      context_lens: _TensorArg, out: _TensorArg, scale: float, stream: int) -> None:
-    """Decode attention over the paged KV cache, on ``stream``."""
+                      context_lens: _TensorArg, out: _TensorArg, scale: float, window: int, softcap: float,
+                      sinks: _TensorArg | None, stream: int) -> None:
+    """Decode attention over the paged KV cache, on ``stream``: the last
+    ``window`` positions (0: all), scores soft-capped (0: not), per-head
+    sink logits (float32 [heads]) in the softmax."""
 
 def cuda_write_kv(k: _TensorArg, v: _TensorArg, k_cache: _TensorArg, v_cache: _TensorArg, slots: _TensorArg,
                   stream: int) -> None:
@@ -356,7 +405,9 @@ def cuda_adjust_logits(logits: _TensorArg, rows: _TensorArg, tokens: _TensorArg,
 
 def reference_paged_decode(q: npt.NDArray[np.float32], k_cache: npt.NDArray[np.float32],
                            v_cache: npt.NDArray[np.float32], block_tables: npt.NDArray[np.int32],
-                           context_lens: npt.NDArray[np.int32], scale: float) -> npt.NDArray[np.float32]:
+                           context_lens: npt.NDArray[np.int32], scale: float, window: int = 0,
+                           softcap: float = 0.0, sinks: npt.NDArray[np.float32] | None = None
+                           ) -> npt.NDArray[np.float32]:
     """The decode kernel's algorithm on the CPU."""
 
 def reference_masked_sample(logits: npt.NDArray[np.float32], mask: npt.NDArray[np.int32] | None,
@@ -365,3 +416,9 @@ def reference_masked_sample(logits: npt.NDArray[np.float32], mask: npt.NDArray[n
                             seeds: npt.NDArray[np.uint64], steps: npt.NDArray[np.uint64]
                             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     """The sampling kernel's algorithm on the CPU: (tokens, logprobs)."""
+
+def reference_adjust_logits(logits: npt.NDArray[np.float32], rows: _Ints, tokens: _Ints, seen: _Ints,
+                            counts: _Ints, bias: _Floats, repetition: _Floats, frequency: _Floats,
+                            presence: _Floats) -> None:
+    """The adjust kernel's algorithm on the CPU, in place on ``logits``
+    [rows, vocab]; ValueError for an entry outside them."""

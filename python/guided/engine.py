@@ -1,8 +1,10 @@
 """The step loop: schedule → masks → forward → sample → update.
 
 One engine step crosses into Rust four times in all (schedule, start_masks,
-sample, update), whatever the batch size. Grammar masks are computed on Rust
-threads while the forward pass runs; sample() joins them. Python keeps only
+sample, update), whatever the batch size; where the model runner samples on
+the GPU, device_rows stands for sample (model/device_sampler.py). Grammar
+masks are computed on Rust threads while the forward pass runs; sample()
+joins them. Python keeps only
 what runs once per token per request and needs text: detokenizing and stop
 strings.
 """
@@ -207,7 +209,7 @@ class Engine:
             return pending + self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
         if logits is None:
             return pending
-        tokens, logprobs, tops = self.scheduler.sample(logits)
+        tokens, logprobs, tops = self.runner.sample(self.scheduler, logits)
         draws = dict(zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)))
         return pending + self._apply(self.scheduler.update(tokens), draws)
 

@@ -172,13 +172,16 @@ def _model_class(config) -> Callable[[transformers.PretrainedConfig], torch.nn.M
     return transformers.AutoModelForCausalLM.from_config
 
 
-def build(arch: str, directory, hub_layout: bool = False) -> torch.nn.Module:
+def build(arch: str, directory, hub_layout: bool = False, head_dim: int | None = None) -> torch.nn.Module:
     """Save the tiny `arch` model in `directory`; return it (eval, float32). Run on input_ids
     alone, every returned model (mistral3's wrapper too) gives the text logits.
 
     `hub_layout` rewrites what transformers 5 saves differently from the published
-    checkpoints (today only granitemoehybrid's layer_types, back to "attention"/"mamba")."""
+    checkpoints (today only granitemoehybrid's layer_types, back to "attention"/"mamba").
+    `head_dim` widens the heads (to a size the CUDA decode kernel is built for)."""
     config = ARCHITECTURES[arch]()
+    if head_dim is not None:
+        config.head_dim = head_dim
     model = save_tiny(directory, config, _model_class(config), [VOCAB - 1, 7])
     if hub_layout:
         path = os.path.join(directory, "config.json")

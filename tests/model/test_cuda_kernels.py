@@ -8,9 +8,11 @@ references and torch where a GPU is (skipped with the reason elsewhere).
 On a GPU machine: `make gpu-check` runs this file and benches/bench_cuda.py."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 
 from guided import _native
 from guided.model import cuda_ops
+from helpers import sampling
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU, WHY_NOT = cuda_ops.status()
@@ -45,8 +48,9 @@ def _paged_case(seqs, heads, kv_heads, head, block_size, lens, dtype, seed=0):
     return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
 
 
-def _torch_decode(q, k_cache, v_cache, tables, lens, scale):
-    """Gather each sequence's positions and run SDPA in float32."""
+def _torch_decode(q, k_cache, v_cache, tables, lens, scale, window=0, softcap=0.0, sinks=None):
+    """Gather each sequence's positions (the last ``window`` of them) and
+    attend in float32: SDPA, or by hand with a soft-cap or sinks."""
     seqs, heads, head = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros(seqs, heads, head)
@@ -54,35 +58,61 @@ def _torch_decode(q, k_cache, v_cache, tables, lens, scale):
         n = int(lens[s])
         if n == 0:
             continue
-        pos = torch.arange(n)
+        pos = torch.arange(max(0, n - window) if window else 0, n)
         rows = tables[s, pos // block_size].long() * block_size + pos % block_size
         keys = k_cache.view(-1, kv_heads, head)[rows].float().repeat_interleave(heads // kv_heads, 1)
         values = v_cache.view(-1, kv_heads, head)[rows].float().repeat_interleave(heads // kv_heads, 1)
-        out[s] = F.scaled_dot_product_attention(q[s].float()[:, None], keys.transpose(0, 1),
-                                                values.transpose(0, 1), scale=scale)[:, 0]
+        if not softcap and sinks is None:
+            out[s] = F.scaled_dot_product_attention(q[s].float()[:, None], keys.transpose(0, 1),
+                                                    values.transpose(0, 1), scale=scale)[:, 0]
+            continue
+        w = torch.einsum("hd,phd->hp", q[s].float(), keys) * scale
+        if softcap:
+            w = torch.tanh(w / softcap) * softcap
+        if sinks is not None:
+            w = torch.cat([w, sinks.float()[:, None]], 1).softmax(1)[:, :-1]
+        else:
+            w = w.softmax(1)
+        out[s] = torch.einsum("hp,phd->hd", w, values)
     return out
 
 
-SHAPES = [  # seqs, heads, kv_heads, head, block_size, context lengths
-    (3, 8, 8, 64, 16, [1, 17, 100]),
-    (2, 8, 2, 128, 16, [33, 5]),
-    (4, 4, 1, 64, 32, [64, 65, 1, 0]),
-    (1, 16, 4, 128, 8, [257]),
+SHAPES = [  # seqs, heads, kv_heads, head, block_size, context lengths, scores beyond the scale
+    (3, 8, 8, 64, 16, [1, 17, 100], {}),
+    (2, 8, 2, 128, 16, [33, 5], {}),
+    (4, 4, 1, 64, 32, [64, 65, 1, 0], {}),
+    (1, 16, 4, 128, 8, [257], {}),
+    (3, 8, 2, 128, 16, [50, 8, 3], dict(window=8)),                 # Mistral, gpt-oss: a sliding window
+    (2, 4, 2, 64, 16, [40, 0], dict(softcap=20.0)),                 # Gemma 2: soft-capped scores
+    (2, 8, 2, 64, 16, [70, 1], dict(sinks=True, window=32)),        # gpt-oss: sinks, sliding
+    (2, 4, 1, 256, 16, [300, 7], {}),                               # Gemma 3: head 256
+    (2, 8, 4, 256, 16, [129, 2], dict(window=64, softcap=30.0, sinks=True)),
 ]
+
+
+def _scores(heads: int, scores: dict, seed: int) -> dict:
+    """The case's window, soft-cap and sinks (random logits, some above the scores)."""
+    out = dict(scores)
+    if out.pop("sinks", False):
+        out["sinks"] = torch.randn(heads, generator=torch.Generator().manual_seed(seed)) * 3
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_reference_decode_matches_torch(dtype):
     """The kernel's algorithm (partitions with their own online softmax,
-    merged) against SDPA on the gathered positions: GQA, head sizes 64 and
-    128, lengths that are not a multiple of the block size, an empty one;
-    the caches in each dtype the kernel takes (read as float32)."""
-    for i, (seqs, heads, kv, head, bs, lens) in enumerate(SHAPES):
+    merged) against attention in torch on the gathered positions: GQA,
+    head sizes 64, 128 and 256, lengths that are not a multiple of the
+    block size, an empty one, sliding windows, soft-caps and sinks; the
+    caches in each dtype the kernel takes (read as float32)."""
+    for i, (seqs, heads, kv, head, bs, lens, extra) in enumerate(SHAPES):
         q, kc, vc, tables, ctx = _paged_case(seqs, heads, kv, head, bs, lens, dtype, seed=i)
-        scale = head ** -0.5
+        scale, sc = head ** -0.5, _scores(heads, extra, i)
+        sinks = sc.get("sinks")
         got = _native.reference_paged_decode(q.float().numpy(), kc.float().numpy(), vc.float().numpy(),
-                                             tables.numpy(), ctx.numpy(), scale)
-        want = _torch_decode(q, kc, vc, tables, ctx, scale)
+                                             tables.numpy(), ctx.numpy(), scale, sc.get("window", 0),
+                                             sc.get("softcap", 0.0), None if sinks is None else sinks.numpy())
+        want = _torch_decode(q, kc, vc, tables, ctx, scale, **sc)
         assert np.abs(got - want.numpy()).max() < 1e-5, (i, np.abs(got - want.numpy()).max())
 
 
@@ -140,11 +170,23 @@ def test_reference_greedy_is_the_masked_argmax():
     assert _native.reference_masked_sample(logits[:1], _pack(none), **_params(1, 0.0))[0][0] == -1
 
 
+def _gpu_masked_sample(logits, mask, **params):
+    tokens, logprobs = cuda_ops.masked_sample(torch.from_numpy(logits).cuda(), torch.from_numpy(mask).cuda(),
+                                              **params)
+    return tokens.cpu().numpy(), logprobs.cpu().numpy()
+
+
+#: the sampler's algorithm on the CPU, and the kernel on a GPU (skipped without one)
+SAMPLERS = [pytest.param(_native.reference_masked_sample, id="reference"),
+            pytest.param(_gpu_masked_sample, id="gpu", marks=needs_gpu)]
+
+
+@pytest.mark.parametrize("sample", SAMPLERS)
 @pytest.mark.parametrize("knobs", [dict(temperature=1.0), dict(temperature=0.7, top_k=5),
                                    dict(temperature=1.3, top_p=0.8), dict(temperature=1.0, min_p=0.1),
                                    dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.02)],
                          ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
-def test_reference_draws_follow_the_filtered_distribution(knobs):
+def test_draws_follow_the_filtered_distribution(knobs, sample):
     """40,000 seeded draws of one masked row (each its own step) against
     the distribution torch computes: chi-square at p = 1e-4; masked and
     filtered-out tokens never drawn; each draw's logprob is its token's."""
@@ -156,8 +198,7 @@ def test_reference_draws_follow_the_filtered_distribution(knobs):
                       knobs.get("temperature"), knobs.get("top_k", 0), knobs.get("top_p", 1.0),
                       knobs.get("min_p", 0.0))[0].double().numpy()
     params = _params(draws, **knobs, seed=7)
-    tokens, logprobs = _native.reference_masked_sample(np.repeat(row[None], draws, 0),
-                                                       np.repeat(_pack(allowed[None]), draws, 0), **params)
+    tokens, logprobs = sample(np.repeat(row[None], draws, 0), np.repeat(_pack(allowed[None]), draws, 0), **params)
     counts = np.bincount(tokens, minlength=vocab)
     assert counts[probs == 0].sum() == 0, "a masked or filtered-out token was drawn"
     support = probs > 0
@@ -165,8 +206,8 @@ def test_reference_draws_follow_the_filtered_distribution(knobs):
     chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
     assert chi2 < _chi2_critical(int(support.sum()) - 1), (chi2, int(support.sum()))
     assert np.abs(logprobs - np.log(probs[tokens])).max() < 1e-4
-    again = _native.reference_masked_sample(np.repeat(row[None], 100, 0), np.repeat(_pack(allowed[None]), 100, 0),
-                                            **_params(100, **knobs, seed=7))[0]
+    again = sample(np.repeat(row[None], 100, 0), np.repeat(_pack(allowed[None]), 100, 0),
+                   **_params(100, **knobs, seed=7))[0]
     assert (again == tokens[:100]).all(), "a seeded draw did not repeat"
 
 
@@ -213,7 +254,13 @@ def test_launchers_refuse_bad_calls_before_launching():
     ]
     for args, needle in cases:
         with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-            _native.cuda_paged_decode(*args, 0.125, 0)
+            _native.cuda_paged_decode(*args, 0.125, 0, 0.0, None, 0)
+    with pytest.raises(ValueError, match=r"sinks: has shape \[4\]"):
+        _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0, 0.0, _fake([4]), 0)
+    with pytest.raises(ValueError, match="sinks: must be torch.float32"):
+        _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0, 0.0, _fake([8], "torch.bfloat16"), 0)
+    with pytest.raises(ValueError, match="softcap must be a finite number >= 0"):
+        _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0, -1.0, None, 0)
     rows = [_fake([4], t) for t in ("torch.float32", "torch.int32", "torch.float32", "torch.float32",
                                      "torch.int64", "torch.int64", "torch.int64", "torch.float32")]
     with pytest.raises(ValueError, match="mask: 3 words per row; 100 tokens need 4"):
@@ -240,7 +287,7 @@ def test_launchers_refuse_bad_calls_before_launching():
     if not GPU:
         # a call that passes every check gets the reason the kernels cannot run here
         with pytest.raises(RuntimeError, match=WHY_NOT.split(" (")[0]):
-            _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0)
+            _native.cuda_paged_decode(q, kc, kc, tables, lens, q, 0.125, 0, 0.0, None, 0)
 
 
 # -- on a GPU -----------------------------------------------------------------
@@ -249,11 +296,12 @@ def test_launchers_refuse_bad_calls_before_launching():
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-3), (torch.float16, 2e-2),
                                               (torch.bfloat16, 2e-2)], ids=str)
 def test_gpu_decode_matches_torch(dtype, tolerance):
-    for i, (seqs, heads, kv, head, bs, lens) in enumerate(SHAPES):
+    for i, (seqs, heads, kv, head, bs, lens, extra) in enumerate(SHAPES):
         q, kc, vc, tables, ctx = _paged_case(seqs, heads, kv, head, bs, lens, dtype, seed=i)
-        scale = head ** -0.5
-        got = cuda_ops.paged_decode(q.cuda(), kc.cuda(), vc.cuda(), tables.cuda(), ctx.cuda(), scale)
-        want = _torch_decode(q, kc, vc, tables, ctx, scale)
+        scale, sc = head ** -0.5, _scores(heads, extra, i)
+        on_gpu = {**sc, "sinks": sc["sinks"].cuda()} if "sinks" in sc else sc
+        got = cuda_ops.paged_decode(q.cuda(), kc.cuda(), vc.cuda(), tables.cuda(), ctx.cuda(), scale, **on_gpu)
+        want = _torch_decode(q, kc, vc, tables, ctx, scale, **sc)
         assert (got.float().cpu() - want).abs().max() < tolerance, i
 
 
@@ -313,15 +361,20 @@ def test_gpu_adjust_logits_is_the_cpu_samplers_order():
 @needs_gpu
 def test_gpu_default_model_greedy_equals_the_cpu_path(llm):
     """The whole model on the GPU in float32 (decode attention and the KV
-    write in our kernels): 64 greedy tokens equal the CPU path's."""
+    write in our kernels): 64 greedy tokens equal the CPU path's; so does a
+    JSON-constrained answer, whose forced tokens make mixed steps (their
+    short rows through the decode kernel, a query row per token)."""
     from guided import LLM, SamplingParams
     prompts = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-               "Once upon a time, in a small village by the sea,"]
-    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+               "Once upon a time, in a small village by the sea,",
+               "<|im_start|>user\nName a large city and its population.<|im_end|>\n<|im_start|>assistant\n"]
+    free = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    params = [free, free, SamplingParams(temperature=0, max_tokens=64, structured_outputs={"json": sampling.SCHEMA})]
     gpu = LLM(dtype="float32", device="cuda", max_num_seqs=8, kv_cache_tokens=4096)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
     assert got == want
+    assert gpu.stats()["forced_tokens"] > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -342,3 +395,26 @@ def test_two_gpus_over_nccl_give_the_cpu_paths_greedy_tokens(llm):
         assert got == want
     finally:
         split.close()
+
+
+@needs_gpu
+def test_gpu_engine_samples_on_the_device_as_the_host_would(llm):
+    """The engine step on the GPU samples with the kernels (only tokens come
+    back): the sampling helper's batch (greedy, seeded, top-k/p, min-p,
+    penalties, bias, min_tokens bans, JSON and choice masks, a top-logprobs
+    row on the host) gives the host sampler's tokens over the same logits.
+    Greedy rows are exact; a seeded row may part at a last-bit tie of exp/log
+    between the GPU and the CPU, so those must agree on their first token
+    and nearly all rows must agree throughout."""
+    from guided import LLM
+    gpu = LLM(dtype="float32", device="cuda", max_num_seqs=16, kv_cache_tokens=8192)
+    assert gpu.engine.runner.sampler is not None, "the runner did not choose device sampling"
+    device = sampling.run(gpu, gpu.engine.runner.sampler)
+    host = sampling.run(gpu, None)
+    greedy = [i for i, p in enumerate(sampling.requests()[1]) if p.temperature == 0]
+    for i in greedy:
+        assert device[i].token_ids == host[i].token_ids, i
+    assert all(d.token_ids[:1] == h.token_ids[:1] for d, h in zip(device, host))
+    same = sum(d.token_ids == h.token_ids for d, h in zip(device, host))
+    assert same >= len(host) - 1, [(d.text, h.text) for d, h in zip(device, host)]
+    jsonschema.validate(json.loads(device[7].text), sampling.SCHEMA)

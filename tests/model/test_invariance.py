@@ -10,13 +10,17 @@ user gets it.
 """
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guided import LLM, SamplingParams, _native
-from guided.model.attention import AttentionMetadata, AttentionPlan, Scores, paged_attention
+from guided.model import cuda_ops
+from guided.model.attention import (KERNEL_QUERY_TOKENS, AttentionMetadata, AttentionPlan, Scores,
+                                    paged_attention)
 from helpers.prompts import PROMPTS, chat
 
 BLOCK = 4
@@ -24,7 +28,7 @@ HEADS, KV_HEADS, HEAD = 6, 2, 24
 NUM_BLOCKS = 64
 
 
-def _metadata(seqs: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
+def _metadata(seqs: list[tuple[int, int]], tables: list[list[int]], kernels: bool = False) -> AttentionMetadata:
     """(context length, new rows) per sequence; the new rows are its last ones."""
     starts = [0]
     for _, new in seqs:
@@ -36,7 +40,7 @@ def _metadata(seqs: list[tuple[int, int]], tables: list[list[int]]) -> Attention
         context_lens=torch.tensor([c for c, _ in seqs], dtype=torch.int32),
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         max_query_len=max(n for _, n in seqs), max_context_len=max(c for c, _ in seqs),
-        block_size=BLOCK, is_decode_only=all(n == 1 for _, n in seqs))
+        block_size=BLOCK, is_decode_only=all(n == 1 for _, n in seqs), kernels=kernels)
 
 
 steps = st.lists(st.integers(1, 60).flatmap(lambda ctx: st.tuples(st.just(ctx), st.integers(1, ctx))),
@@ -72,6 +76,44 @@ def test_native_attention_is_torchs_and_each_row_its_own(seqs, window, softcap, 
                                 AttentionPlan(_metadata([(ctx, new)], [table]), q.device), scores, sink)
         assert torch.equal(alone, native[start:start + new])
         start += new
+
+
+def _reference_kernel(q, k_cache, v_cache, tables, lens, scale, out=None, *, window=None, softcap=None,
+                      sinks=None):
+    """cuda_ops.paged_decode's algorithm on the CPU (rust/cuda_reference.rs)."""
+    got = _native.reference_paged_decode(q.float().numpy(), k_cache.float().numpy(), v_cache.float().numpy(),
+                                         tables.numpy(), lens.numpy(), scale, window or 0, softcap or 0.0,
+                                         None if sinks is None else sinks.numpy())
+    return torch.from_numpy(got).to(q.dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=steps, window=st.sampled_from([None, 5, 17]), softcap=st.sampled_from([None, 3.0]),
+       sinks=st.booleans(), seed=st.integers(0, 2**16))
+def test_where_the_kernels_run_short_rows_of_a_mixed_step_take_the_decode_kernel(seqs, window, softcap,
+                                                                                   sinks, seed):
+    """On CUDA a step's sequences with at most KERNEL_QUERY_TOKENS new tokens
+    (a decode, tokens a grammar forced, a short chunk) attend through the
+    decode kernel, one query row per token with its own context length; the
+    rest through SDPA. With the kernel's CPU reference standing in for it,
+    that gives what the torch path gives, rows in place."""
+    head = 64
+    gen = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = (torch.randn(NUM_BLOCKS, BLOCK, KV_HEADS, head, generator=gen) for _ in "kv")
+    free = (torch.randperm(NUM_BLOCKS - 1, generator=gen) + 1).tolist()
+    tables = [[free.pop() for _ in range(-(-ctx // BLOCK))] for ctx, _ in seqs]
+    q = torch.randn(sum(n for _, n in seqs), HEADS, head, generator=gen)
+    scores = Scores(scale=head ** -0.5, window=window, softcap=softcap)
+    sink = torch.randn(HEADS, generator=gen) if sinks else None
+    plan = AttentionPlan(_metadata(seqs, tables, kernels=True), q.device, native=False, head_dim=head)
+    short = sum(n for _, n in seqs if n <= KERNEL_QUERY_TOKENS)
+    assert (plan.kernel_decode is not None) == (short > 0)
+    assert len(plan.prefills) == sum(n > KERNEL_QUERY_TOKENS for _, n in seqs)
+    with mock.patch.object(cuda_ops, "paged_decode", _reference_kernel):
+        got = paged_attention(q, k_cache, v_cache, plan, scores, sink)
+    want = paged_attention(q, k_cache, v_cache, AttentionPlan(_metadata(seqs, tables), q.device, native=False),
+                           scores, sink)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
 def test_native_attention_refuses_a_table_naming_a_missing_block():

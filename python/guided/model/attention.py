@@ -19,14 +19,15 @@ SDPA sees [.., kv_heads, g*Q, d] queries against [.., kv_heads, L, d] keys.
 
 Where the model runner chose our CUDA kernels (model/cuda_ops.py;
 AttentionMetadata.kernels), a decode-only step reads the paged cache in place
-with cuda/paged_attention.cu instead of gathering it, and new K/V rows are written by its write kernel; prefill
-stays with SDPA over the gathered blocks.
+with cuda/paged_attention.cu instead of gathering it (head sizes 64, 128 and
+256; windows, soft-caps and sinks included), and new K/V rows are written by
+its write kernel; prefill stays with SDPA over the gathered blocks.
 
 A sliding-window layer (Gemma, Mistral, EXAONE 4, gpt-oss) reads the same
 blocks with a mask that keeps the last `window` positions; scores are
 soft-capped where the model asks (Gemma 2), and a head's learned sink logit
-joins its softmax (gpt-oss), which SDPA cannot do, so those layers compute
-attention in plain torch. Blocks behind every window are not released: the
+joins its softmax (gpt-oss), which SDPA cannot do, so on the torch path
+those layers compute attention in plain torch. Blocks behind every window are not released: the
 architectures that slide all have full-attention layers too (Gemma, EXAONE
 4) or slide wider than the contexts served (Mistral's 4k–32k), and a block
 shared through the prefix cache must stay whole for the next request.
@@ -120,12 +121,21 @@ class _CpuRows:
         return _CpuRows(np.ascontiguousarray(attn.block_tables.numpy(), dtype=np.int32), seq, pos)
 
 
+#: Where our CUDA decode kernel runs, a sequence with at most this many new
+#: tokens in a mixed step (a decode, the tokens a grammar forced after its
+#: sampled one, a short prefill chunk) attends through it, one query row per
+#: token with its own context length, instead of a gather and SDPA of its own.
+KERNEL_QUERY_TOKENS = 16
+
+
 class AttentionPlan:
     """`native` (on a CPU): attention by rust/attention.rs, each row on its own
     (the same result in any batch, chunk or cache state); False keeps torch's
-    SDPA over gathered blocks, the path a CUDA prefill takes."""
+    SDPA over gathered blocks, the path a CUDA prefill takes. `head_dim`: the
+    model's, which says whether the CUDA decode kernel is built for it."""
 
-    def __init__(self, attn: AttentionMetadata, device: torch.device, native: bool = True):
+    def __init__(self, attn: AttentionMetadata, device: torch.device, native: bool = True,
+                 head_dim: int | None = None):
         self.block_size = attn.block_size
         self.slot_mapping = attn.slot_mapping.to(device=device, dtype=torch.long)
         self.kernels = attn.kernels
@@ -133,11 +143,15 @@ class AttentionPlan:
         self.native_only = attn.native_only
         self.decode: _DecodeGroup | None = None
         self.prefills: list[_PrefillChunk] = []
-        #: (block tables, context lengths) as int32 for the CUDA decode kernel
+        #: (block tables, context lengths) as int32, one row per query token, for the CUDA
+        #: decode kernel; `kernel_rows`: those tokens' rows in the step (None: all of them)
         self.kernel_decode: tuple[torch.Tensor, torch.Tensor] | None = None
-        if attn.is_decode_only and attn.kernels:
+        self.kernel_rows: torch.Tensor | None = None
+        kernel = attn.kernels and head_dim in cuda_ops.HEAD_SIZES
+        if attn.is_decode_only and kernel:
             self.kernel_decode = (attn.block_tables.to(device=device, dtype=torch.int32),
                                   attn.context_lens.to(device=device, dtype=torch.int32))
+            return
         if self.cpu_rows is not None:
             return
         tables = attn.block_tables.to(device=device, dtype=torch.long)
@@ -145,7 +159,7 @@ class AttentionPlan:
         if attn.is_decode_only:
             self.decode = self._decode_group(None, tables, lens, attn.max_context_len)
             return
-        self._plan_mixed(attn, tables, lens, device)
+        self._plan_mixed(attn, tables, lens, device, kernel)
 
     def _gather(self, tables: torch.Tensor, length: int) -> _Gather:
         nb = -(-length // self.block_size)
@@ -155,19 +169,30 @@ class AttentionPlan:
         keys = torch.arange(length, device=tables.device).view(1, 1, 1, -1)
         return _DecodeGroup(rows, self._gather(tables, length), _Masks(keys, (lens - 1).view(-1, 1, 1, 1)))
 
-    def _plan_mixed(self, attn, tables, lens, device) -> None:
+    def _plan_mixed(self, attn, tables, lens, device, kernel: bool) -> None:
         starts = attn.query_start_loc.tolist()
         ctx_lens = attn.context_lens.tolist()
         decode_seqs, decode_rows = [], []
+        k_rows, k_seqs, k_lens = [], [], []
         for i, ctx in enumerate(ctx_lens):
             s, e = starts[i], starts[i + 1]
-            if e - s == 1:
+            if kernel and 0 < e - s <= KERNEL_QUERY_TOKENS:
+                k_rows += range(s, e)
+                k_seqs += [i] * (e - s)
+                k_lens += range(ctx - (e - s) + 1, ctx + 1)
+            elif e - s == 1:
                 decode_seqs.append(i)
                 decode_rows.append(s)
             elif e > s:
                 qpos = torch.arange(ctx - (e - s), ctx, device=device)
                 masks = _Masks(torch.arange(ctx, device=device)[None, :], qpos[:, None])
                 self.prefills.append(_PrefillChunk(s, e, self._gather(tables[i:i + 1], ctx), masks))
+        if k_rows:
+            seqs = torch.tensor(k_seqs, device=device)
+            self.kernel_decode = (tables.index_select(0, seqs).int(), torch.tensor(k_lens, dtype=torch.int32,
+                                                                                     device=device))
+            if len(k_rows) < starts[-1]:
+                self.kernel_rows = torch.tensor(k_rows, device=device)
         if decode_seqs:
             seqs = torch.tensor(decode_seqs, device=device)
             self.decode = self._decode_group(
@@ -205,15 +230,22 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if q.dtype != k_cache.dtype:
         return paged_attention(q.to(k_cache.dtype), k_cache, v_cache, plan, scores, sinks).to(q.dtype)
     t, h, d = q.shape
-    plain = scores.window is None and scores.softcap is None and sinks is None
-    if plan.kernel_decode is not None and d in (64, 128) and plain:
+    kernel_out = None
+    if plan.kernel_decode is not None:
         tables, lens = plan.kernel_decode
-        return cuda_ops.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens,
-                                     scores.scale).view(t, h * d)
+        rows = q if plan.kernel_rows is None else q.index_select(0, plan.kernel_rows)
+        kernel_out = cuda_ops.paged_decode(rows.contiguous(), k_cache, v_cache, tables, lens, scores.scale,
+                                           window=scores.window, softcap=scores.softcap,
+                                           sinks=None if sinks is None else sinks.float().contiguous()
+                                           ).view(-1, h * d)
+        if plan.kernel_rows is None:
+            return kernel_out
     group = plan.decode
     if group is not None and group.rows is None:
         return _decode(q, k_cache, v_cache, group, scores, sinks)
     out = torch.empty(t, h * d, dtype=q.dtype, device=q.device)
+    if kernel_out is not None:
+        out[plan.kernel_rows] = kernel_out
     for chunk in plan.prefills:
         out[chunk.start:chunk.end] = _prefill(q[chunk.start:chunk.end], k_cache, v_cache, chunk, scores, sinks)
     if group is not None:

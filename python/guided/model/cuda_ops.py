@@ -20,6 +20,10 @@ import torch
 from .. import _native
 
 
+#: the head sizes the decode kernel is built for (rust/cuda_reference.rs HEAD_SIZES)
+HEAD_SIZES = (64, 128, 256)
+
+
 def status() -> tuple[bool, str]:
     """(True, "") when the kernels can run on this machine, else (False, why not)."""
     return _native.cuda_status()
@@ -36,14 +40,19 @@ def _stream(t: torch.Tensor) -> int:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, *, window: int | None = None,
+                 softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one new token per sequence. q [seqs, heads, head] (head
-    64 or 128), caches [blocks, block_size, kv_heads, head] of q's dtype,
-    block_tables [seqs, max_blocks] and context_lens [seqs] int32 (the
-    positions with KV, the new token's included). Returns [seqs, heads, head]."""
+    64, 128 or 256), caches [blocks, block_size, kv_heads, head] of q's
+    dtype, block_tables [seqs, max_blocks] and context_lens [seqs] int32
+    (the positions with KV, the new token's included). ``window``: only the
+    last that many positions; ``softcap``: scores become softcap ·
+    tanh(s / softcap); ``sinks``: per head a logit in the softmax without a
+    value (float32 [heads]). Returns [seqs, heads, head]."""
     out = torch.empty_like(q) if out is None else out
     _native.cuda_paged_decode(_arg(q), _arg(k_cache), _arg(v_cache), _arg(block_tables),
-                              _arg(context_lens), _arg(out), float(scale), _stream(q))
+                              _arg(context_lens), _arg(out), float(scale), int(window or 0),
+                              float(softcap or 0.0), None if sinks is None else _arg(sinks), _stream(q))
     return out
 
 
@@ -89,13 +98,15 @@ def adjust_logits(logits: torch.Tensor, rows, tokens, seen, counts, bias, repeti
     distinct (row, token) with whether the token was seen (prompt or
     output), its output count and its bias (-inf bans); per-row repetition,
     frequency and presence penalties. Host values, copied over."""
-    device = logits.device
-    entries = [torch.as_tensor(np.asarray(v, dtype)).to(device)
-               for v, dtype in ((rows, np.int32), (tokens, np.int32), (seen, np.int32), (counts, np.int32),
-                                (bias, np.float32))]
-    per_row = [torch.as_tensor(np.asarray(v, np.float32)).to(device) for v in (repetition, frequency, presence)]
-    if entries[1].numel() and int(entries[1].max()) >= logits.shape[-1] or \
-            entries[0].numel() and int(entries[0].max()) >= logits.shape[0]:
+    host = [np.asarray(v, dtype) for v, dtype in ((rows, np.int32), (tokens, np.int32), (seen, np.int32),
+                                                  (counts, np.int32), (bias, np.float32))]
+    # checked on the host: a check of the device copies would wait for the GPU
+    if host[1].size and (int(host[1].max()) >= logits.shape[-1] or int(host[1].min()) < 0) or \
+            host[0].size and (int(host[0].max()) >= logits.shape[0] or int(host[0].min()) < 0):
         raise ValueError("adjust_logits: an entry names a row or token outside the logits")
+    device = logits.device
+    entries = [torch.from_numpy(v).to(device, non_blocking=True) for v in host]
+    per_row = [torch.from_numpy(np.asarray(v, np.float32)).to(device, non_blocking=True)
+               for v in (repetition, frequency, presence)]
     _native.cuda_adjust_logits(_arg(logits), *(_arg(t) for t in entries), *(_arg(t) for t in per_row),
                                _stream(logits))

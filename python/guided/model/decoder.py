@@ -169,7 +169,7 @@ class CausalLM(nn.Module):
         for kind, table in self.rotary.items():
             table.ensure(attn.max_context_len)
             rotary[kind] = table.cos_sin(positions)
-        plan = AttentionPlan(attn, input_ids.device)
+        plan = AttentionPlan(attn, input_ids.device, head_dim=self.config.head_dim)
         x = self._embed(input_ids)
         if self.config.embedding_multiplier != 1.0:
             # Gemma rounds its √hidden to the activations' dtype first

@@ -4,8 +4,10 @@ It sizes and allocates the paged KV cache for the device the model is on,
 chooses once whether our CUDA kernels run there (model/cuda_ops.py: decode
 attention over the paged cache and the KV write; without them, or on the
 CPU, attention is torch's), runs the forward pass over a step plan from the
-scheduler, and hands the sampling rows' logits to the host as float32 for
-the Rust sampler. The engine's step loop calls it and never touches torch
+scheduler, and samples the step's rows: where the kernels run, on the
+device by the mask-fused sampler (model/device_sampler.py: only tokens come
+back to the host), elsewhere on the host by the Rust sampler, which gets the
+logits as float32. The engine's step loop calls it and never touches torch
 devices itself.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from . import cuda_ops
 from .attention import AttentionMetadata
 from .decoder import allocate_kv_cache
+from .device_sampler import DeviceSampler
 from .loader import LoadedModel
 
 log = logging.getLogger("guided.model")
@@ -53,6 +56,9 @@ class ModelRunner:
                              f"({block_size} tokens)")
         self.num_blocks = tokens // block_size
         self.kernels = self._choose_kernels()
+        #: the step's rows are drawn on the device where the kernels run
+        #: (None: by the host's sampler)
+        self.sampler: DeviceSampler | None = DeviceSampler("cuda") if self.kernels else None
         self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
                                            loaded.kv_dtype, self.device, self.model.num_kv_heads)
 
@@ -61,9 +67,16 @@ class ModelRunner:
         if self.device.type != "cuda":
             return False
         ok, why = cuda_ops.status()
-        if ok:
-            log.info("%s: decode attention and the KV write run our CUDA kernels (cuda/); "
-                     "prefill attention is torch's SDPA", self.device)
+        head = self.loaded.config.head_dim
+        if ok and head not in cuda_ops.HEAD_SIZES:
+            log.warning("%s: the KV write and sampling run our CUDA kernels (cuda/); decode "
+                        "attention runs in torch (SDPA over the gathered KV blocks), as the "
+                        "kernel is built for head sizes %s, not %d", self.device,
+                        "/".join(map(str, cuda_ops.HEAD_SIZES)), head)
+        elif ok:
+            log.info("%s: decode attention (sliding windows, soft-caps and sinks included), "
+                     "the KV write and sampling run our CUDA kernels (cuda/); prefill attention "
+                     "is torch's SDPA", self.device)
         else:
             log.warning("%s: our CUDA kernels cannot run (%s); attention runs in torch "
                         "(SDPA over the gathered KV blocks)", self.device, why)
@@ -101,11 +114,12 @@ class ModelRunner:
         return int(budget)
 
     @torch.inference_mode()
-    def execute(self, plan) -> np.ndarray | None:
+    def execute(self, plan) -> np.ndarray | torch.Tensor | None:
         """The forward pass of one step (a ``_native.StepPlan``): the KV cache
         is written for every scheduled token, and the logits of the rows that
-        sample come back as float32 [R, V] on the host (None if no row samples,
-        and on tensor-parallel ranks other than 0, which take
+        sample come back as float32 [R, V], for ``sample()``: on the host, or
+        on the device where it samples there (None if no row samples, and on
+        tensor-parallel ranks other than 0, which take
         ``parallel.StepArrays``)."""
         threads, before = self._step_threads(), torch.get_num_threads()
         if threads is not None and threads != before:
@@ -132,4 +146,16 @@ class ModelRunner:
         if len(plan.logits_indices) == 0:
             return None
         logits = self.model.compute_logits(hidden[t(plan.logits_indices)])
-        return None if logits is None else logits.float().cpu().numpy()
+        if logits is None:
+            return None
+        if self.sampler is not None:
+            return logits.float().contiguous()
+        return logits.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def sample(self, scheduler, logits):
+        """The step's draws (tokens, logprobs, tops: ``Scheduler.sample``'s
+        shape) from the logits ``execute`` returned."""
+        if isinstance(logits, np.ndarray):
+            return scheduler.sample(logits)
+        return self.sampler.sample(scheduler, logits)
