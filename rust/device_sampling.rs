@@ -111,6 +111,7 @@ mod tests {
     use crate::cuda_reference::{adjust_logits, masked_sample};
     use crate::random::Stream;
     use crate::sampling::{sample_row, SamplingParams};
+    use proptest::prelude::*;
 
     fn logits(vocab: usize, salt: u32) -> Vec<f32> {
         (0..vocab as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt.wrapping_mul(40_503)) % 1_000_003) as f32 / 100_000.0 - 5.0).collect()
@@ -160,6 +161,77 @@ mod tests {
                 assert!((logprob - want.logprob).abs() < 1e-3, "row {i}: {logprob} vs {}", want.logprob);
             }
             assert_eq!(dev_rngs, host_rngs, "both advance each stream once");
+        }
+    }
+
+    /// A row as the generator makes it: knobs, prompt and output tokens
+    /// (some past the vocabulary), bias entries (repeats and strays
+    /// included), banned tokens, a mask or none, a seed and a step.
+    #[derive(Debug, Clone)]
+    struct GenRow {
+        params: SamplingParams,
+        prompt: Vec<u32>,
+        output: Vec<u32>,
+        banned: Vec<u32>,
+        mask: Option<Vec<i32>>,
+        stream: Stream,
+    }
+
+    fn gen_row(vocab: u32) -> impl Strategy<Value = GenRow> {
+        let tokens = || proptest::collection::vec(0..vocab + 8, 0..12);
+        let knobs = (prop_oneof![Just(0.0f32), 0.05f32..2.0], prop_oneof![Just(0.0f32), 0.0f32..0.3]);
+        let penalties = (prop_oneof![Just(1.0f32), 0.5f32..2.0], -1.0f32..1.0, -1.0f32..1.0);
+        let bias = proptest::collection::vec((0..vocab + 4, -100.0f32..100.0), 0..5);
+        let mask = proptest::option::of(proptest::collection::vec(any::<i32>(), 0..vocab.div_ceil(32) as usize + 1));
+        (knobs, penalties, bias, tokens(), tokens(), tokens(), mask, any::<u64>(), 0u64..1000).prop_map(
+            |((temperature, min_p), (rep, freq, pres), logit_bias, prompt, output, banned, mask, seed, step)| GenRow {
+                params: SamplingParams {
+                    temperature,
+                    min_p,
+                    repetition_penalty: rep,
+                    frequency_penalty: freq,
+                    presence_penalty: pres,
+                    logit_bias,
+                    ..SamplingParams::default()
+                },
+                prompt,
+                output,
+                banned,
+                mask,
+                stream: Stream { seed, step },
+            },
+        )
+    }
+
+    proptest! {
+        /// Generated rows (any knobs but the top-k/top-p cut, whose
+        /// histogram the grid test above and the kernels' tests cover): the
+        /// kernels' reference fed by `device_rows` draws the CPU sampler's
+        /// token with its logprob, and both advance each stream once.
+        #[test]
+        fn generated_rows_draw_what_the_host_draws(rows in proptest::collection::vec(gen_row(70), 1..6), salt in any::<u32>()) {
+            let vocab = 70;
+            let x: Vec<f32> = (0..rows.len() as u32).flat_map(|r| logits(vocab, salt ^ r)).collect();
+            let sampler_rows: Vec<Row<'_>> = rows
+                .iter()
+                .map(|r| Row { params: &r.params, prompt: &r.prompt, output: &r.output, banned: &r.banned })
+                .collect();
+            let masks: Vec<Option<&[i32]>> = rows.iter().map(|r| r.mask.as_deref()).collect();
+            let mut host_rngs: Vec<Stream> = rows.iter().map(|r| r.stream).collect();
+            let mut dev_rngs = host_rngs.clone();
+            let d = device_rows(vocab, &masks, &sampler_rows, &mut dev_rngs);
+            let mut y = x.clone();
+            adjust_logits(&mut y, vocab, &d.adjust).unwrap();
+            for (i, row) in sampler_rows.iter().enumerate() {
+                let want = sample_row(&x[i * vocab..(i + 1) * vocab], masks[i], row, &mut host_rngs[i]);
+                let mask = (d.words > 0).then(|| &d.mask[i * d.words..(i + 1) * d.words]);
+                let (token, logprob) = masked_sample(&y[i * vocab..(i + 1) * vocab], mask, &d.params[i]);
+                prop_assert_eq!(token, want.token, "row {}", i);
+                if token >= 0 {
+                    prop_assert!((logprob - want.logprob).abs() < 1e-3, "row {}: {} vs {}", i, logprob, want.logprob);
+                }
+            }
+            prop_assert_eq!(dev_rngs, host_rngs);
         }
     }
 

@@ -570,18 +570,10 @@ impl Scheduler {
         self.start_masks()?;
         self.joined = self.join_masks();
         let ids = self.in_flight.as_ref().map(|f| f.sample_ids.clone()).unwrap_or_default();
-        let masks: Vec<Option<&[i32]>> = (0..rows).map(|i| self.joined.as_ref().and_then(|b| b.row(i))).collect();
-        let stand_in = SamplingParams::default();
-        let live: Vec<Option<&Sequence>> = ids.iter().map(|id| self.seqs.get(id)).collect();
-        let banned: Vec<Vec<u32>> = live.iter().map(|s| s.map_or(Vec::new(), |s| s.banned_tokens(&self.eos))).collect();
-        let rows_in = sampling_rows(&live, &banned, &stand_in);
-        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or(Stream { seed: 0, step: 0 }, |s| s.rng)).collect();
-        let out = device_rows(vocab, &masks, &rows_in, &mut rngs);
-        for (id, rng) in ids.iter().zip(rngs) {
-            if let Some(seq) = self.seqs.get_mut(id) {
-                seq.rng = rng;
-            }
-        }
+        let joined = self.joined.take();
+        let masks: Vec<Option<&[i32]>> = (0..rows).map(|i| joined.as_ref().and_then(|b| b.row(i))).collect();
+        let out = self.with_rows(&ids, |rows_in, rngs| device_rows(vocab, &masks, rows_in, rngs));
+        self.joined = joined;
         Ok(out)
     }
 
@@ -629,17 +621,36 @@ impl Scheduler {
             .iter()
             .map(|&i| (batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some()).then_some(&owned[i][..]))
             .collect();
-        // Rows of sequences aborted since schedule() get a stand-in and -1.
+        let mut out = self.with_rows(&ids, |rows_in, rngs| sample_rows(logits, vocab, &masks, rows_in, rngs));
+        // rows of sequences aborted since schedule() drew from a stand-in
+        for (id, o) in ids.iter().zip(&mut out) {
+            if !self.seqs.contains_key(id) {
+                o.token = -1;
+            }
+        }
+        out
+    }
+
+    /// Run a sampler over the rows of sequences `ids` (what each samples
+    /// from, and its random stream), then keep the streams as it advanced
+    /// them. A sequence aborted since schedule() gets a stand-in row.
+    fn with_rows<R>(&mut self, ids: &[SeqId], sampler: impl FnOnce(&[Row<'_>], &mut [Stream]) -> R) -> R {
         let stand_in = SamplingParams::default();
         let live: Vec<Option<&Sequence>> = ids.iter().map(|id| self.seqs.get(id)).collect();
         let banned: Vec<Vec<u32>> = live.iter().map(|s| s.map_or(Vec::new(), |s| s.banned_tokens(&self.eos))).collect();
-        let rows_in = sampling_rows(&live, &banned, &stand_in);
-        let mut rngs: Vec<_> = live.iter().map(|s| s.map_or_else(|| Stream::new(Some(0)), |s| s.rng)).collect();
-        let mut out = sample_rows(logits, vocab, &masks, &rows_in, &mut rngs);
-        for ((id, rng), o) in ids.iter().zip(rngs).zip(&mut out) {
-            match self.seqs.get_mut(id) {
-                Some(seq) => seq.rng = rng,
-                None => o.token = -1,
+        let rows: Vec<Row<'_>> = live
+            .iter()
+            .zip(&banned)
+            .map(|(s, banned)| match s {
+                Some(s) => Row { params: &s.sampling, prompt: s.prompt(), output: s.output(), banned },
+                None => Row { params: &stand_in, prompt: &[], output: &[], banned },
+            })
+            .collect();
+        let mut rngs: Vec<Stream> = live.iter().map(|s| s.map_or(Stream::new(Some(0)), |s| s.rng)).collect();
+        let out = sampler(&rows, &mut rngs);
+        for (id, rng) in ids.iter().zip(rngs) {
+            if let Some(seq) = self.seqs.get_mut(id) {
+                seq.rng = rng;
             }
         }
         out
@@ -692,18 +703,6 @@ impl Scheduler {
         }
         Ok(out)
     }
-}
-
-/// What the samplers read of each row's sequence (a stand-in where it was
-/// aborted since schedule()).
-fn sampling_rows<'a>(live: &[Option<&'a Sequence>], banned: &'a [Vec<u32>], stand_in: &'a SamplingParams) -> Vec<Row<'a>> {
-    live.iter()
-        .zip(banned)
-        .map(|(s, banned)| match s {
-            Some(s) => Row { params: &s.sampling, prompt: s.prompt(), output: s.output(), banned },
-            None => Row { params: stand_in, prompt: &[], output: &[], banned },
-        })
-        .collect()
 }
 
 #[cfg(test)]
