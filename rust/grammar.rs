@@ -454,6 +454,18 @@ impl GrammarMatcher {
         Ok(())
     }
 
+    /// [`fill_mask`](Self::fill_mask) at a state reached by draft tokens
+    /// (speculative.rs), which are rolled back after: a state there that
+    /// allows nothing is not kept as the matcher's error.
+    pub fn fill_draft_mask(&mut self, out: &mut [i32]) -> bool {
+        let failed_before = self.error.is_some();
+        let ok = self.fill_mask(out).is_ok();
+        if !ok && !failed_before {
+            self.error = None;
+        }
+        ok
+    }
+
     pub fn compute_mask(&mut self) -> (Vec<i32>, Option<String>) {
         let mut out = vec![0i32; self.words()];
         let err = self.fill_mask(&mut out).err();
@@ -606,6 +618,10 @@ fn clear_past(out: &mut [i32], vocab_size: usize) {
         out[full + 1..].fill(0);
     }
 }
+
+/// Fast-forward stops after this many rounds of forced tokens; the rest is
+/// sampled (a bound against a grammar that keeps forcing).
+pub const MAX_FF_ROUNDS: usize = 64;
 
 /// A tiny vocabulary for unit tests here and in the scheduler.
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod quant;
 pub mod random;
 pub mod sampling;
 pub mod scheduler;
+pub mod speculative;
 pub mod sequence;
 
 #[cfg(feature = "python")]

@@ -11,7 +11,8 @@ use crate::cuda_reference::RowParams;
 use crate::device_sampling::DeviceRows;
 use crate::python_grammar::PyGrammar;
 use crate::sampling::Sampled;
-use crate::scheduler::{Error, Scheduler, SchedulerConfig, StepOutput, StepPlan};
+use crate::scheduler::{Error, Scheduler, SchedulerConfig, SpecConfig, StepOutput, StepPlan};
+use crate::speculative::Drafter;
 use crate::sequence::{LogitBias, RequestParams, Steering};
 
 /// Per row: None, or (the token's logprob, [(token, logprob)] most likely first).
@@ -35,7 +36,9 @@ struct PyScheduler {
 impl PyScheduler {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-                        eos_token_ids, enable_prefix_caching = true))]
+                        eos_token_ids, enable_prefix_caching = true, speculative = false,
+                        num_speculative_tokens = 0, drafter = "lookup"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
         block_size: usize,
@@ -44,7 +47,11 @@ impl PyScheduler {
         max_model_len: usize,
         eos_token_ids: Vec<i64>,
         enable_prefix_caching: bool,
+        speculative: bool,
+        num_speculative_tokens: usize,
+        drafter: &str,
     ) -> PyResult<Self> {
+        let drafter = Drafter::parse(drafter).map_err(PyValueError::new_err)?;
         let cfg = SchedulerConfig {
             num_blocks,
             block_size,
@@ -53,6 +60,7 @@ impl PyScheduler {
             max_model_len,
             eos_token_ids,
             enable_prefix_caching,
+            speculation: SpecConfig { by_default: speculative, max_tokens: num_speculative_tokens, drafter },
         };
         Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
     }
@@ -78,6 +86,18 @@ impl PyScheduler {
     fn schedule(&mut self, py: Python<'_>) -> Option<PyStepPlan> {
         let inner = &mut self.inner;
         py.detach(|| inner.schedule()).map(|plan| PyStepPlan::new(py, plan))
+    }
+
+    /// Whether the plan in flight carries drafts (then only `sample()`, on
+    /// host logits, draws it).
+    fn speculating(&self) -> bool {
+        self.inner.speculating()
+    }
+
+    /// What a forward pass costs, fixed and per token fed (speculative
+    /// drafts are sized by it).
+    fn set_step_cost(&mut self, fixed: f32, per_token: f32) {
+        self.inner.set_step_cost(fixed, per_token)
     }
 
     fn start_masks(&mut self) -> PyResult<()> {
@@ -188,6 +208,8 @@ struct PyStepOutput {
     finish_reason: Option<&'static str>,
     num_cached_tokens: usize,
     forced: Vec<u32>,
+    more: Vec<u32>,
+    more_forced: usize,
     error: Option<String>,
 }
 
@@ -199,6 +221,8 @@ impl From<StepOutput> for PyStepOutput {
             finish_reason: o.finish_reason.map(|r| r.as_str()),
             num_cached_tokens: o.num_cached_tokens,
             forced: o.forced,
+            more: o.more,
+            more_forced: o.more_forced,
             error: o.error,
         }
     }
@@ -208,8 +232,8 @@ impl From<StepOutput> for PyStepOutput {
 impl PyStepOutput {
     fn __repr__(&self) -> String {
         format!(
-            "StepOutput(seq_id={}, token={}, finish_reason={:?}, num_cached_tokens={}, forced={:?}, error={:?})",
-            self.seq_id, self.token, self.finish_reason, self.num_cached_tokens, self.forced, self.error
+            "StepOutput(seq_id={}, token={}, finish_reason={:?}, num_cached_tokens={}, forced={:?}, more={:?}, error={:?})",
+            self.seq_id, self.token, self.finish_reason, self.num_cached_tokens, self.forced, self.more, self.error
         )
     }
 }

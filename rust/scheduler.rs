@@ -18,10 +18,11 @@ use rayon::prelude::*;
 use crate::block_manager::{BlockManager, CacheEvent};
 use crate::grammar::Grammar;
 use crate::device_sampling::{device_rows, DeviceRows};
-use crate::masks::{row_masks, MaskBatch, MaskJob, MaskRow};
+use crate::masks::{row_masks, MaskBatch, MaskJob, MaskSpan};
 use crate::random::Stream;
 use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
-use crate::sequence::{token_ids, Commit, FinishReason, RequestParams, SeqId, Sequence, Status, Steering};
+use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering, Verified};
+use crate::speculative::{propose, walk, WalkedRows, Draft, DraftCounters, Drafter, Drafts, Limits, Speculation};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -32,6 +33,17 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     pub eos_token_ids: Vec<i64>,
     pub enable_prefix_caching: bool,
+    pub speculation: SpecConfig,
+}
+
+/// Speculative decoding (speculative.rs): whether requests that do not say
+/// speculate, the most tokens a step looks up for one sequence (0: never
+/// speculate), and where drafts come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub by_default: bool,
+    pub max_tokens: usize,
+    pub drafter: Drafter,
 }
 
 /// `Invalid` is the caller's bad input (ValueError); `State` is a call out of
@@ -88,8 +100,16 @@ pub struct StepOutput {
     pub finish_reason: Option<FinishReason>,
     pub num_cached_tokens: usize,
     pub forced: Vec<u32>,
+    /// With a draft (speculative.rs): the tokens later draws of the step
+    /// appended after `forced`, `more_forced` of them forced.
+    pub more: Vec<u32>,
+    pub more_forced: usize,
     pub error: Option<String>,
 }
+
+/// One sequence's part of a step: its id, how many of its tokens, and the
+/// draft fed after them.
+type Chunk = (SeqId, usize, Draft);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -104,13 +124,31 @@ pub struct Counters {
     pub mask_wait_us: u64,
     /// Row masks computed.
     pub mask_rows: usize,
+    pub drafts: DraftCounters,
 }
 
 /// The plan whose forward pass is (or was last) in flight.
 #[derive(Debug, Default)]
 struct InFlight {
     seq_ids: Vec<SeqId>,
+    /// One per sampling row: a sequence with a draft has a row after each
+    /// draft token too, in order.
     sample_ids: Vec<SeqId>,
+    /// Per sampling sequence: its first row and its draft (empty without).
+    spans: Vec<Span>,
+}
+
+#[derive(Debug)]
+struct Span {
+    id: SeqId,
+    first: usize,
+    draft: Draft,
+}
+
+impl InFlight {
+    fn has_drafts(&self) -> bool {
+        self.spans.iter().any(|s| !s.draft.is_empty())
+    }
 }
 
 #[derive(Debug)]
@@ -129,6 +167,11 @@ pub struct Scheduler {
     masks: Option<MaskJob>,
     /// The masks `device_rows()` joined, for `sample_host()`; dropped at `update()`.
     joined: Option<MaskBatch>,
+    /// Per sequence that drew a draft's rows: the stream after each row
+    /// drawn (None: not drawn), for `update()` to keep as far as it used.
+    walks: HashMap<SeqId, Vec<Option<Stream>>>,
+    /// How long drafts should be, from what they cost and keep.
+    drafts: Drafts,
     counters: Counters,
     next_arrival: u64,
 }
@@ -162,6 +205,8 @@ impl Scheduler {
             in_flight: None,
             masks: None,
             joined: None,
+            walks: HashMap::new(),
+            drafts: Drafts::default(),
             counters: Counters::default(),
             next_arrival: 0,
             cfg,
@@ -201,6 +246,11 @@ impl Scheduler {
         let tokens = token_ids("prompt token ids", prompt).map_err(Error::Invalid)?;
         let v = req.validate().map_err(Error::Invalid)?;
         let mut seq = Sequence::new(seq_id, tokens, v.sampling, v.stop, v.seed, self.next_arrival);
+        // Rows asking for logprobs report one draw each: they do not speculate.
+        let spec = self.cfg.speculation;
+        if req.speculative.unwrap_or(spec.by_default) && spec.max_tokens > 0 && req.logprobs.is_none() {
+            seq.speculation = Some(Speculation::default());
+        }
         let forced = match grammar {
             Some(g) => seq.constrain(g.matcher(), req.fast_forward, steering, self.max_len),
             None => Vec::new(),
@@ -261,7 +311,7 @@ impl Scheduler {
     }
 
     pub fn stats(&self) -> Vec<(&'static str, usize)> {
-        vec![
+        let mut out = vec![
             ("prefix_cache_hit_tokens", self.counters.prefix_cache_hit_tokens),
             ("prefix_cache_queries", self.counters.prefix_cache_queries),
             ("preemptions", self.counters.preemptions),
@@ -274,7 +324,9 @@ impl Scheduler {
             ("num_free_blocks", self.bm.num_free_blocks()),
             ("num_cached_blocks", self.bm.num_cached_blocks()),
             ("num_blocks", self.bm.num_blocks()),
-        ]
+        ];
+        out.extend(self.counters.drafts.entries());
+        out
     }
 
     /// Remove a sequence from whichever queue holds it and free its blocks;
@@ -303,6 +355,7 @@ impl Scheduler {
     /// The next step's work, or `None` when there is nothing to run.
     pub fn schedule(&mut self) -> Option<StepPlan> {
         self.join_masks(); // masks started for a plan that never sampled
+        self.walks.clear();
         if let Some(flight) = self.in_flight.take() {
             self.drop_unsampled(&flight);
         }
@@ -319,9 +372,9 @@ impl Scheduler {
         Some(self.build_plan(&chunks))
     }
 
-    /// Decodes and unfinished prefills, oldest first; true if any sequence
-    /// was preempted.
-    fn schedule_running(&mut self, budget: &mut usize, chunks: &mut Vec<(SeqId, usize)>) -> bool {
+    /// Decodes and unfinished prefills, oldest first, each with its draft
+    /// where it speculates; true if any sequence was preempted.
+    fn schedule_running(&mut self, budget: &mut usize, chunks: &mut Vec<Chunk>) -> bool {
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && *budget > 0 {
@@ -336,11 +389,49 @@ impl Scheduler {
             if !self.grow_or_preempt(id, need, &mut preempted) {
                 break; // it preempted itself: it was the last one
             }
-            chunks.push((id, n));
-            *budget -= n;
+            let draft = self.draft_for(id, n, *budget - n);
+            *budget -= n + draft.len();
+            chunks.push((id, n, draft));
             i += 1;
         }
         preempted
+    }
+
+    /// The draft `id` carries into this step, where it speculates and its
+    /// last token is in the step: at most `room` tokens, within its budget
+    /// (a draft past max_tokens is never kept) and the free blocks (a draft
+    /// never preempts anyone).
+    fn draft_for(&mut self, id: SeqId, n: usize, room: usize) -> Draft {
+        let (drafter, max_len) = (self.cfg.speculation.drafter, self.max_len);
+        let threshold = self.drafts.threshold(self.running.len());
+        let seq = self.seqs.get_mut(&id).expect("running sequence exists");
+        if n != seq.num_uncomputed() {
+            return Draft::default();
+        }
+        let room = room.min(seq.remaining(max_len).saturating_sub(1));
+        let Some(spec) = seq.speculation.as_mut() else { return Draft::default() };
+        let lookups = self.cfg.speculation.max_tokens;
+        let limits = Limits { lookups, max_tokens: room.min(2 * lookups), threshold, probe: spec.probe_due() };
+        let step = seq.rng.step.wrapping_add(seq.token_ids.len() as u64);
+        let Sequence { token_ids, constraint, speculation, .. } = &mut *seq;
+        let own = &speculation.as_ref().expect("checked above").own;
+        let (matcher, ff) = match constraint.as_mut() {
+            Some(c) => match c.matcher.as_mut() {
+                Some(m) => (Some(m), c.fast_forward),
+                None => return Draft::default(),
+            },
+            None => (None, false),
+        };
+        let draft = propose(drafter, token_ids, matcher, ff, limits, (self.drafts.rates(), own), step);
+        if draft.is_empty() || !self.bm.grow(&mut seq.blocks, seq.token_ids.len() + draft.len()) {
+            return Draft::default();
+        }
+        if draft.probe {
+            if let Some(spec) = seq.speculation.as_mut() {
+                spec.probed();
+            }
+        }
+        draft
     }
 
     /// Make room for `id` to hold `need` tokens by preempting the newest
@@ -378,7 +469,7 @@ impl Scheduler {
     /// uncached block is one a running sequence is still computing (the
     /// same prompt, or a shared prefix, admitted a moment before) waits:
     /// a step later it finds that block cached instead of computing it again.
-    fn schedule_waiting(&mut self, budget: &mut usize, chunks: &mut Vec<(SeqId, usize)>) {
+    fn schedule_waiting(&mut self, budget: &mut usize, chunks: &mut Vec<Chunk>) {
         let bs = self.cfg.block_size;
         let mut computing = self.blocks_being_computed();
         while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
@@ -411,7 +502,7 @@ impl Scheduler {
             seq.num_computed_tokens = hit;
             seq.status = Status::Running;
             self.running.push(id);
-            chunks.push((id, n));
+            chunks.push((id, n, Draft::default()));
             *budget -= n;
         }
     }
@@ -430,34 +521,42 @@ impl Scheduler {
         out
     }
 
-    /// Lay the chunks out flat and count them as computed.
-    fn build_plan(&mut self, chunks: &[(SeqId, usize)]) -> StepPlan {
+    /// Lay the chunks out flat (a draft after its sequence's tokens) and
+    /// count their real tokens as computed.
+    fn build_plan(&mut self, chunks: &[Chunk]) -> StepPlan {
         let bs = self.cfg.block_size;
-        let max_blocks = chunks.iter().map(|(id, _)| self.seqs[id].blocks.len()).max().unwrap_or(0);
+        let max_blocks = chunks.iter().map(|(id, _, _)| self.seqs[id].blocks.len()).max().unwrap_or(0);
         let mut plan = StepPlan { max_blocks, query_start_loc: vec![0], ..Default::default() };
         let mut flight = InFlight::default();
-        for &(id, n) in chunks {
+        for (id, n, draft) in chunks {
+            let (id, n) = (*id, *n);
             let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
             let start = seq.num_computed_tokens;
             let end = start + n;
-            for pos in start..end {
+            let fed = seq.token_ids[start..end].iter().chain(&draft.tokens);
+            for (pos, &token) in (start..).zip(fed) {
                 let block = seq.blocks.table[pos / bs] as usize;
-                plan.input_ids.push(i64::from(seq.token_ids[pos]));
+                plan.input_ids.push(i64::from(token));
                 plan.positions.push(pos as i64);
                 plan.slot_mapping.push((block * bs + pos % bs) as i64);
             }
             let row = seq.blocks.table.iter().map(|&b| b as i32);
             plan.block_tables.extend(row.chain(std::iter::repeat(0)).take(max_blocks));
-            plan.context_lens.push(end as i32);
+            plan.context_lens.push((end + draft.len()) as i32);
             plan.query_start_loc.push(plan.input_ids.len() as i32);
             plan.seq_ids.push(id as i64);
             if end == seq.len() {
-                plan.logits_indices.push(plan.input_ids.len() as i64 - 1);
-                plan.sample_seq_ids.push(id as i64);
-                flight.sample_ids.push(id);
+                let first = flight.sample_ids.len();
+                let last = plan.input_ids.len() as i64 - 1;
+                for r in (0..=draft.len() as i64).rev() {
+                    plan.logits_indices.push(last - r);
+                    plan.sample_seq_ids.push(id as i64);
+                    flight.sample_ids.push(id);
+                }
+                flight.spans.push(Span { id, first, draft: draft.clone() });
             }
-            plan.max_query_len = plan.max_query_len.max(n);
-            plan.max_context_len = plan.max_context_len.max(end);
+            plan.max_query_len = plan.max_query_len.max(n + draft.len());
+            plan.max_context_len = plan.max_context_len.max(end + draft.len());
             seq.num_computed_tokens = end;
             flight.seq_ids.push(id);
         }
@@ -501,16 +600,19 @@ impl Scheduler {
         if self.masks.is_some() {
             return Ok(());
         }
-        let rows: Vec<MaskRow> = flight
-            .sample_ids
+        let spans: Vec<MaskSpan> = flight
+            .spans
             .iter()
-            .map(|id| {
-                let c = self.seqs.get_mut(id)?.constraint.as_mut()?;
-                Some((*id, c.matcher.take()?, None))
+            .map(|span| {
+                let row = (|| {
+                    let c = self.seqs.get_mut(&span.id)?.constraint.as_mut()?;
+                    Some((span.id, c.matcher.take()?, None))
+                })();
+                MaskSpan { row, draft: span.draft.tokens.clone(), needed: span.draft.drawn_rows() }
             })
             .collect();
-        if rows.iter().any(Option::is_some) {
-            self.masks = Some(MaskJob::spawn(rows));
+        if spans.iter().any(|s| s.row.is_some()) {
+            self.masks = Some(MaskJob::spawn(spans));
         }
         Ok(())
     }
@@ -524,6 +626,8 @@ impl Scheduler {
         self.counters.mask_wait_us += t0.elapsed().as_micros() as u64;
         let mut batch = batch?;
         self.counters.mask_time_us += batch.elapsed_us;
+        self.counters.drafts.mask_us += batch.draft_us;
+        self.counters.drafts.mask_rows += batch.draft_rows;
         for (id, m, err) in std::mem::take(&mut batch.rows).into_iter().flatten() {
             self.counters.mask_rows += 1;
             if let Some(c) = self.seqs.get_mut(&id).and_then(|s| s.constraint.as_mut()) {
@@ -558,8 +662,53 @@ impl Scheduler {
         }
         self.start_masks()?;
         let batch = self.join_masks();
-        let all: Vec<usize> = (0..rows).collect();
-        Ok(self.sample_on_host(logits, vocab, &all, batch.as_ref(), mask))
+        // Rows of sequences without a draft, all at once; those with one, walked.
+        let flight = self.in_flight.as_ref().expect("checked above");
+        let which: Vec<usize> = flight.spans.iter().filter(|s| s.draft.is_empty()).map(|s| s.first).collect();
+        let owned_logits: Vec<f32>;
+        let logits_in = if flight.has_drafts() {
+            owned_logits = which.iter().flat_map(|&i| &logits[i * vocab..(i + 1) * vocab]).copied().collect();
+            &owned_logits[..]
+        } else {
+            logits
+        };
+        let drawn = self.sample_on_host(logits_in, vocab, &which, batch.as_ref(), mask);
+        let mut out = vec![Sampled { token: -1, logprob: f32::NEG_INFINITY, top: None }; rows];
+        for (&i, s) in which.iter().zip(drawn) {
+            out[i] = s;
+        }
+        self.walk_drafts(logits, vocab, batch.as_ref(), mask, &mut out);
+        Ok(out)
+    }
+
+    /// Draw the rows of the sequences that carry a draft (speculative.rs):
+    /// each walked on its own, sequences in parallel. Rows not drawn keep
+    /// token -1 and are never read by `update()`.
+    fn walk_drafts(&mut self, logits: &[f32], vocab: usize, batch: Option<&MaskBatch>, mask: Option<(&[i32], usize)>, out: &mut [Sampled]) {
+        let Some(flight) = &self.in_flight else { return };
+        let owned = row_masks(batch, mask, out.len());
+        let masked = |i: usize| batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some();
+        let eos = &self.eos;
+        let walks: Vec<(SeqId, usize, WalkedRows)> = flight
+            .spans
+            .par_iter()
+            .filter(|span| !span.draft.is_empty())
+            .filter_map(|span| {
+                let seq = self.seqs.get(&span.id)?;
+                let at = span.first..span.first + span.draft.len() + 1;
+                let rows: Vec<&[f32]> = at.clone().map(|i| &logits[i * vocab..(i + 1) * vocab]).collect();
+                let masks: Vec<Option<&[i32]>> = at.map(|i| masked(i).then_some(&owned[i][..])).collect();
+                let row = Row { params: &seq.sampling, prompt: seq.prompt(), output: seq.output(), banned: &[] };
+                let drawn = walk(&span.draft, &rows, &masks, seq.constraint.is_some(), &row, |r| seq.banned_after(eos, r), seq.rng);
+                Some((span.id, span.first, drawn))
+            })
+            .collect();
+        for (id, first, (draws, streams)) in walks {
+            for (r, s) in draws.into_iter().enumerate().filter_map(|(r, d)| Some((r, d?))) {
+                out[first + r] = s;
+            }
+            self.walks.insert(id, streams);
+        }
     }
 
     /// The last plan's rows as the device sampler reads them
@@ -567,6 +716,7 @@ impl Scheduler {
     /// `host` (they ask for top logprobs) are then drawn by `sample_host`.
     pub fn device_rows(&mut self, vocab: usize) -> Result<DeviceRows, Error> {
         let rows = self.sample_rows_count("device_rows")?;
+        self.no_drafts("device_rows")?;
         self.start_masks()?;
         self.joined = self.join_masks();
         let ids = self.in_flight.as_ref().map(|f| f.sample_ids.clone()).unwrap_or_default();
@@ -582,6 +732,7 @@ impl Scheduler {
     /// grammar masks `device_rows` joined.
     pub fn sample_host(&mut self, logits: &[f32], which: &[usize], vocab: usize) -> Result<Vec<Sampled>, Error> {
         let rows = self.sample_rows_count("sample_host")?;
+        self.no_drafts("sample_host")?;
         if let Some(&i) = which.iter().find(|&&i| i >= rows) {
             return invalid(format!("row {i} is not one of the last plan's {rows} sampling rows"));
         }
@@ -592,6 +743,26 @@ impl Scheduler {
         let out = self.sample_on_host(logits, vocab, which, batch.as_ref(), None);
         self.joined = batch;
         Ok(out)
+    }
+
+    /// What a forward pass costs: `fixed` plus `per_token` for each token
+    /// fed (any unit, both the same). Drafts are then only as long as their
+    /// rows are likely to pay for (speculative.rs).
+    pub fn set_step_cost(&mut self, fixed: f32, per_token: f32) {
+        self.drafts.set_step_cost(fixed, per_token);
+    }
+
+    /// Whether the plan in flight carries drafts: its rows are then drawn
+    /// by `sample()` alone, walked as the drafts are checked.
+    pub fn speculating(&self) -> bool {
+        self.in_flight.as_ref().is_some_and(InFlight::has_drafts)
+    }
+
+    fn no_drafts(&self, what: &str) -> Result<(), Error> {
+        if self.speculating() {
+            return Err(Error::State(format!("{what}() cannot draw a plan that carries drafts: call sample() on the host logits")));
+        }
+        Ok(())
     }
 
     /// How many rows the plan in flight samples; a state error naming `what`
@@ -674,30 +845,52 @@ impl Scheduler {
         self.join_masks(); // started, but sampled elsewhere
         self.joined = None;
         self.commit(&flight.seq_ids);
-        // Each row advances its own grammar (and may search for a closing,
-        // crate::closing): rows in parallel, as their masks were.
-        let row_of: HashMap<SeqId, usize> = flight.sample_ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let walks = std::mem::take(&mut self.walks);
+        // Each sequence advances its own grammar (and may search for a
+        // closing, crate::closing): in parallel, as their masks were.
+        let span_of: HashMap<SeqId, usize> = flight.spans.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
         let mut rows: Vec<(usize, &mut Sequence)> =
-            self.seqs.iter_mut().filter_map(|(id, s)| row_of.get(id).map(|&i| (i, s))).collect();
+            self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s))).collect();
         rows.sort_unstable_by_key(|(i, _)| *i);
-        let (eos, max_len) = (&self.eos, self.max_len);
-        let commits: Vec<(usize, Commit, usize)> = rows
+        let (eos, max_len, spans) = (&self.eos, self.max_len, &flight.spans);
+        let commits: Vec<(usize, Verified, usize)> = rows
             .into_par_iter()
-            .map(|(i, seq)| (i, seq.commit(sampled[i], eos, max_len), seq.num_cached_tokens.unwrap_or(0)))
+            .map(|(i, seq)| {
+                let span = &spans[i];
+                let v = match walks.get(&span.id) {
+                    Some(streams) => {
+                        let draws = &sampled[span.first..span.first + span.draft.len() + 1];
+                        seq.commit_drafted(&span.draft, draws, streams, eos, max_len)
+                    }
+                    None => seq.commit(sampled[span.first], eos, max_len).into(),
+                };
+                (i, v, seq.num_cached_tokens.unwrap_or(0))
+            })
             .collect();
+        // The draft tokens kept are computed: into the cache before a finished one goes.
+        let drafted: Vec<SeqId> = spans.iter().filter(|s| !s.draft.is_empty()).map(|s| s.id).collect();
+        self.commit(&drafted);
         let mut out = Vec::with_capacity(commits.len());
-        for (i, c, num_cached_tokens) in commits {
-            let (id, token) = (flight.sample_ids[i], sampled[i]);
-            self.counters.forced_tokens += c.forced.len();
+        for (i, v, num_cached_tokens) in commits {
+            let span = &flight.spans[i];
+            let (id, token, c) = (span.id, sampled[span.first], &v.first);
+            self.counters.forced_tokens += c.forced.len() + v.more_forced;
+            if !span.draft.is_empty() {
+                let appended = usize::from(c.appended) + c.forced.len() + v.more.len();
+                let own = self.seqs.get_mut(&id).and_then(|s| s.speculation.as_mut());
+                self.drafts.record(&mut self.counters.drafts, &span.draft, v.kept, v.reason.is_some(), appended, own);
+            }
             out.push(StepOutput {
                 seq_id: id,
                 token: if c.appended { c.replaced_by.map_or(token, i64::from) } else { -1 },
-                finish_reason: c.reason,
+                finish_reason: v.reason,
                 num_cached_tokens,
-                forced: c.forced,
-                error: c.error,
+                forced: v.first.forced,
+                more: v.more,
+                more_forced: v.more_forced,
+                error: v.error,
             });
-            if c.reason.is_some() {
+            if v.reason.is_some() {
                 self.forget(id);
             }
         }

@@ -13,6 +13,7 @@ fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         max_model_len: 256,
         eos_token_ids: vec![0],
         enable_prefix_caching: true,
+        speculation: SpecConfig::default(),
     }
 }
 
@@ -52,7 +53,7 @@ fn prefill_then_decode() {
     assert_eq!(plan.sample_seq_ids, vec![7]);
     assert!(!plan.is_decode_only);
     let out = s.update(&[5]).unwrap();
-    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], error: None }]);
+    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], more: vec![], more_forced: 0, error: None }]);
     let plan = s.schedule().unwrap();
     assert_eq!((plan.input_ids.clone(), plan.positions.clone()), (vec![5], vec![40]));
     assert_eq!(plan.context_lens, vec![41]);
@@ -652,6 +653,7 @@ fn tight_pool_preempts_and_hits_yet_matches_a_roomy_one() {
     let roomy = SchedulerConfig {
         num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
         max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: false,
+        speculation: SpecConfig::default(),
     };
     let tight = SchedulerConfig { num_blocks: 14, max_num_seqs: 4, max_num_batched_tokens: 10, enable_prefix_caching: true, ..roomy.clone() };
     let (want, _) = simulate_counting(roomy, &reqs, &[]);
@@ -686,6 +688,7 @@ proptest! {
         let roomy = SchedulerConfig {
             num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
             max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: false,
+            speculation: SpecConfig::default(),
         };
         let tight = SchedulerConfig {
             num_blocks, max_num_seqs, max_num_batched_tokens: budget,
@@ -700,7 +703,121 @@ proptest! {
         let c = SchedulerConfig {
             num_blocks: 16, block_size: 4, max_num_seqs: 4, max_num_batched_tokens: 16,
             max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: true,
+            speculation: SpecConfig::default(),
         };
         simulate(c, &reqs, &aborts);
+    }
+}
+
+/// A model of logits: the next token follows from the last two (so outputs
+/// repeat and lookups find them) and, at every seventh position, from the
+/// position too (so some drafts are refused); one token is 5 logits above
+/// the rest.
+struct LogitsModel {
+    slots: Vec<Option<i64>>,
+}
+
+const SPEC_VOCAB: usize = 48;
+
+impl LogitsModel {
+    fn step(&mut self, s: &Scheduler, plan: &StepPlan, truth: &HashMap<u64, Vec<i64>>) -> Vec<f32> {
+        for (i, &slot) in plan.slot_mapping.iter().enumerate() {
+            self.slots[slot as usize] = Some(plan.input_ids[i]);
+        }
+        let bs = s.cfg.block_size;
+        let mut logits = Vec::new();
+        for &idx in &plan.logits_indices {
+            let row = plan.query_start_loc[1..].iter().filter(|&&q| i64::from(q) <= idx).count();
+            let pos = plan.positions[idx as usize] as usize;
+            let table = &plan.block_tables[row * plan.max_blocks..(row + 1) * plan.max_blocks];
+            let seen: Vec<i64> = (0..=pos).map(|p| self.slots[table[p / bs] as usize * bs + p % bs].expect("slot written")).collect();
+            let real = &truth[&(plan.seq_ids[row] as u64)];
+            let n = real.len().min(seen.len());
+            assert_eq!(&seen[..n], &real[..n], "KV of the real tokens through the block table");
+            let (a, b) = (seen[pos], if pos > 0 { seen[pos - 1] } else { 0 });
+            let h = a * 3 + b + if pos % 7 == 0 { pos as i64 / 7 } else { 0 };
+            let mut row_logits = vec![0.0f32; SPEC_VOCAB];
+            row_logits[1 + h.rem_euclid(7) as usize] = 5.0;
+            logits.extend(row_logits);
+        }
+        logits
+    }
+}
+
+/// Run requests (prompt, max_tokens, seed: None is greedy) to the end
+/// through sample() and update(); the outputs and counters.
+fn simulate_sampled(c: SchedulerConfig, reqs: &[(Vec<i64>, i64, Option<i128>)]) -> (Outputs, Counters) {
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    let mut model = LogitsModel { slots: vec![None; c.num_blocks * c.block_size] };
+    let mut truth = HashMap::new();
+    for (id, (p, max_tokens, seed)) in reqs.iter().enumerate() {
+        let temperature = if seed.is_some() { 1.0 } else { 0.0 };
+        s.add_request(id as i128, p, &RequestParams { temperature, seed: *seed, ..req(*max_tokens) }).unwrap();
+        truth.insert(id as u64, p.clone());
+    }
+    let mut done = HashMap::new();
+    for _ in 0..5_000 {
+        let Some(plan) = s.schedule() else { break };
+        assert!(plan.num_tokens <= c.max_num_batched_tokens);
+        let logits = model.step(&s, &plan, &truth);
+        let rows = plan.logits_indices.len();
+        let drawn: Vec<i64> = s.sample(&logits, rows, SPEC_VOCAB, None).unwrap().iter().map(|d| d.token).collect();
+        for o in s.update(&drawn).unwrap() {
+            let t = truth.get_mut(&o.seq_id).unwrap();
+            t.push(o.token);
+            t.extend(o.forced.iter().chain(&o.more).map(|&x| i64::from(x)));
+            if o.finish_reason.is_some() {
+                done.insert(o.seq_id, t[reqs[o.seq_id as usize].0.len()..].to_vec());
+            }
+        }
+    }
+    assert!(!s.has_unfinished(), "everything finishes");
+    assert_eq!(s.bm.num_free_blocks(), c.num_blocks, "no leaked blocks");
+    (done, s.counters())
+}
+
+fn spec_workload() -> impl Strategy<Value = Vec<(Vec<i64>, i64, Option<i128>)>> {
+    let one = (workload(), prop::option::of(0i128..1000)).prop_map(|(w, seed)| (w, seed));
+    one.prop_map(|(w, seed)| w.into_iter().enumerate().map(|(i, (p, m))| (p, m + 12, seed.map(|s| s + i as i128))).collect())
+}
+
+#[test]
+fn speculation_keeps_the_outputs_and_keeps_drafts() {
+    let reqs: Vec<(Vec<i64>, i64, Option<i128>)> = (0..6).map(|i| (prompt(20 + i, (i % 2) as i64 * 3), 40, (i % 3 == 0).then_some(i as i128))).collect();
+    let off = SchedulerConfig { max_model_len: 128, ..cfg(64, 4) };
+    let on = SchedulerConfig { speculation: SpecConfig { by_default: true, max_tokens: 6, drafter: Drafter::Lookup }, ..off.clone() };
+    let (want, _) = simulate_sampled(off, &reqs);
+    let (got, counters) = simulate_sampled(on, &reqs);
+    assert_eq!(got, want);
+    let d = counters.drafts;
+    assert!(d.steps > 0 && d.lookups_kept > 0, "{counters:?}");
+    assert!(d.lookups_kept < d.lookups, "some drafts are refused: {counters:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+    #[test]
+    fn any_draft_under_any_schedule_gives_the_outputs_without(
+        reqs in spec_workload(),
+        num_blocks in 16usize..48,
+        budget in 1usize..48,
+        max_num_seqs in 1usize..6,
+        caching in any::<bool>(),
+        max_tokens in 1usize..8,
+        random in prop::option::of(0u64..100),
+    ) {
+        let roomy = SchedulerConfig {
+            num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
+            max_model_len: 64, eos_token_ids: vec![0], enable_prefix_caching: false,
+            speculation: SpecConfig::default(),
+        };
+        let drafter = random.map_or(Drafter::Lookup, Drafter::Random);
+        let tight = SchedulerConfig {
+            num_blocks, max_num_seqs, max_num_batched_tokens: budget, enable_prefix_caching: caching,
+            speculation: SpecConfig { by_default: true, max_tokens, drafter },
+            ..roomy.clone()
+        };
+        let (reference, _) = simulate_sampled(roomy, &reqs);
+        prop_assert_eq!(simulate_sampled(tight, &reqs).0, reference);
     }
 }

@@ -2,7 +2,8 @@
 
 use crate::block_manager::SeqBlocks;
 use crate::closing::{shortest_completion, Closer, MAX_BYTES};
-use crate::grammar::GrammarMatcher;
+use crate::grammar::{GrammarMatcher, MAX_FF_ROUNDS};
+use crate::speculative::{Draft, Speculation};
 use crate::random::Stream;
 use crate::sampling::SamplingParams;
 
@@ -73,6 +74,9 @@ pub struct RequestParams {
     pub logprobs: Option<i64>,
     /// Under a grammar, append the tokens it forces without sampling them.
     pub fast_forward: bool,
+    /// Draft tokens and check them in one forward pass (speculative.rs);
+    /// None: as the engine is set.
+    pub speculative: Option<bool>,
 }
 
 /// (token, bias) pairs, by token; read from a `{token: bias}` dict or None
@@ -101,6 +105,7 @@ impl Default for RequestParams {
             logit_bias: LogitBias::default(),
             logprobs: None,
             fast_forward: true,
+            speculative: None,
         }
     }
 }
@@ -217,15 +222,33 @@ pub struct Commit {
     pub replaced_by: Option<u32>,
 }
 
+/// What a step that carried a draft appended (speculative.rs): the first
+/// draw's commit, then the tokens later draws appended (`more_forced` of
+/// them forced), and the draft tokens kept (their KV is valid).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Verified {
+    pub first: Commit,
+    pub more: Vec<u32>,
+    pub more_forced: usize,
+    pub kept: usize,
+    /// The reason and error of the last commit (the first's when alone).
+    pub reason: Option<FinishReason>,
+    pub error: Option<String>,
+}
+
+impl From<Commit> for Verified {
+    /// A step without a draft: its one commit.
+    fn from(first: Commit) -> Self {
+        Verified { reason: first.reason, error: first.error.clone(), first, ..Default::default() }
+    }
+}
+
 impl Commit {
     fn failed(appended: bool, msg: String) -> Self {
         Commit { appended, reason: Some(FinishReason::Error), error: Some(msg), ..Default::default() }
     }
 }
 
-/// Forcing stops after this many rounds; the rest is sampled (a bound
-/// against a grammar that keeps forcing).
-const MAX_FF_ROUNDS: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct Sequence {
@@ -245,6 +268,8 @@ pub struct Sequence {
     /// Admission order among all requests, for FIFO and preemption.
     pub arrival: u64,
     pub constraint: Option<Constraint>,
+    /// Its draft length, where it speculates.
+    pub speculation: Option<Speculation>,
 }
 
 impl Sequence {
@@ -269,6 +294,7 @@ impl Sequence {
             num_cached_tokens: None,
             arrival,
             constraint: None,
+            speculation: None,
         }
     }
 
@@ -307,7 +333,12 @@ impl Sequence {
     /// Stoppers may not be sampled until min_tokens outputs exist. Under a
     /// grammar, the grammar alone decides where the output may end.
     pub fn banned_tokens(&self, eos: &[u32]) -> Vec<u32> {
-        if self.constraint.is_none() && self.num_output_tokens() < self.stop.min_tokens {
+        self.banned_after(eos, 0)
+    }
+
+    /// [`banned_tokens`](Self::banned_tokens) once `drafted` more tokens are output.
+    pub fn banned_after(&self, eos: &[u32], drafted: usize) -> Vec<u32> {
+        if self.constraint.is_none() && self.num_output_tokens() + drafted < self.stop.min_tokens {
             self.stoppers(eos).collect()
         } else {
             Vec::new()
@@ -381,6 +412,50 @@ impl Sequence {
     pub fn remaining(&self, max_len: usize) -> usize {
         let by_tokens = self.stop.max_tokens.saturating_sub(self.num_output_tokens());
         by_tokens.min(max_len.saturating_sub(self.len()))
+    }
+
+    /// Commit the draws of a step that carried `draft` one by one, as steps
+    /// without it would have (the same commit, closing and reasoning budget
+    /// included), while the tokens appended equal the draft's: the draw at
+    /// row r was made after draft token r - 1 (`streams[r]`: the random
+    /// stream after it; None: not drawn). The sequence keeps the stream
+    /// after the last draw used, and counts as computed its real tokens and
+    /// the draft tokens kept, but never a finished step's nor its last token.
+    pub fn commit_drafted(&mut self, draft: &Draft, draws: &[i64], streams: &[Option<Stream>], eos: &[u32], max_len: usize) -> Verified {
+        let base = self.len();
+        let mut v = Verified::default();
+        let mut first = None;
+        let mut pos = 0;
+        while let Some(Some(rng)) = streams.get(pos) {
+            let before = self.len();
+            let c = self.commit(draws[pos], eos, max_len);
+            self.rng = *rng;
+            let appended = &self.token_ids[before.min(self.len())..];
+            let m = appended.iter().zip(&draft.tokens[pos..]).take_while(|(a, b)| a == b).count();
+            let whole = m == appended.len();
+            (v.reason, v.error) = (c.reason, c.error.clone());
+            if first.is_none() {
+                first = Some(c.clone());
+            } else if let Some((_, forced)) = appended.split_first() {
+                v.more.extend(appended);
+                v.more_forced += forced.len();
+            }
+            if c.reason.is_some() || !c.appended {
+                break;
+            }
+            pos += m;
+            if !whole {
+                break;
+            }
+        }
+        v.first = first.unwrap_or_else(|| {
+            let c = self.commit(-1, eos, max_len);
+            (v.reason, v.error) = (c.reason, c.error.clone());
+            c
+        });
+        v.kept = pos;
+        self.num_computed_tokens = (base + pos).min(self.len().saturating_sub(1));
+        v
     }
 
     /// Append a sampled token (-1: the mask allowed nothing), advance the

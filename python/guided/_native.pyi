@@ -116,6 +116,12 @@ class StepOutput:
     def forced(self) -> list[int]:
         """Tokens the grammar forced after ``token``, appended without sampling."""
     @property
+    def more(self) -> list[int]:
+        """With a draft (speculative decoding): the tokens later draws of the
+        step appended after ``forced``, ``more_forced`` of them forced."""
+    @property
+    def more_forced(self) -> int: ...
+    @property
     def error(self) -> str | None: ...
 
 @final
@@ -138,7 +144,14 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: list[int],
         enable_prefix_caching: bool = True,
-    ) -> Self: ...
+        speculative: bool = False,
+        num_speculative_tokens: int = 0,
+        drafter: str = "lookup",
+    ) -> Self:
+        """``speculative``: whether requests that do not say speculate;
+        ``num_speculative_tokens``: the most tokens a step looks up for one
+        sequence (0: never); ``drafter``: "lookup" or "random:SEED"
+        (rust/speculative.rs). ValueError on another drafter."""
     def add_request(
         self,
         seq_id: int,
@@ -181,6 +194,12 @@ class Scheduler:
         it (a reasoning block's budget; checked once, at that length)."""
     def schedule(self) -> StepPlan | None:
         """The next step's work, or None when there is nothing to run."""
+    def speculating(self) -> bool:
+        """Whether the plan in flight carries drafts (then only ``sample()``,
+        on host logits, draws it)."""
+    def set_step_cost(self, fixed: float, per_token: float) -> None:
+        """What a step costs, fixed and per token fed (any unit): drafts are
+        only as long as their rows are likely to pay for."""
     def start_masks(self) -> None:
         """Start computing the grammar masks of the last plan's sampling rows
         on Rust threads (rows in parallel, GIL released); ``sample()`` joins

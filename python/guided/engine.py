@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -50,6 +51,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    #: Speculative decoding for requests that do not say (SamplingParams.speculative):
+    #: drafts looked up in each sequence's own tokens, chosen by its grammar, at most
+    #: num_speculative_tokens a step (rust/speculative.rs). ``drafter`` is "lookup",
+    #: or "random:SEED" (drafts the grammar mostly refuses: for tests of the checking).
+    speculative: bool = False
+    num_speculative_tokens: int = 8
+    drafter: str = "lookup"
 
     def model_len(self, mc) -> int:
         """The longest sequence served: max_model_len, within the model's positions."""
@@ -89,6 +97,37 @@ class StepUpdate:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
+class _StepCost:
+    """What a step costs, fixed and per token fed, for sizing speculative
+    drafts (Scheduler.set_step_cost): the per-token cost is the slope of
+    the forward pass's seconds over the tokens fed (least squares, older
+    steps weighing less), the fixed cost what the whole step took beyond
+    that (a moving average). Steps of up to ``MAX_TOKENS`` only: decodes
+    and drafts, not long prefills."""
+
+    MAX_TOKENS = 64
+
+    def __init__(self, decay: float = 0.98):
+        self.decay = decay
+        self.sums = [0.0] * 5   # weight, x, y, xx, xy
+        self.fixed: float | None = None
+
+    def add(self, tokens: int, forward: float, step: float) -> tuple[float, float] | None:
+        """Record a step's seconds; the fit (fixed, per token) once it has one."""
+        if tokens > self.MAX_TOKENS:
+            return None
+        point = (1.0, tokens, forward, tokens * tokens, tokens * forward)
+        self.sums = [s * self.decay + v for s, v in zip(self.sums, point)]
+        n, x, y, xx, xy = self.sums
+        spread = xx * n - x * x
+        if n < 4 or spread <= 1e-6 * n * n:
+            return None
+        per_token = max(0.0, (xy * n - x * y) / spread)
+        rest = max(0.0, step - per_token * tokens)
+        self.fixed = rest if self.fixed is None else self.fixed + 0.1 * (rest - self.fixed)
+        return self.fixed, per_token
+
+
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig,
                  special: SpecialTokens | None = None):
@@ -105,7 +144,9 @@ class Engine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
             max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
-            enable_prefix_caching=config.enable_prefix_caching)
+            enable_prefix_caching=config.enable_prefix_caching, speculative=config.speculative,
+            num_speculative_tokens=config.num_speculative_tokens, drafter=config.drafter)
+        self.step_cost = _StepCost()
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._compiler: _native.GrammarCompiler | None = None
@@ -202,6 +243,7 @@ class Engine:
             return pending
         self.counters["steps"] += 1
         self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10)
+        started = time.perf_counter()
         try:
             logits = self.runner.execute(plan)
         except Exception as exc:  # one bad step must not take the engine down (rule 12)
@@ -209,9 +251,16 @@ class Engine:
             return pending + self._fail(plan.seq_ids.tolist(), f"forward pass failed: {exc}")
         if logits is None:
             return pending
+        forward = time.perf_counter() - started
         tokens, logprobs, tops = self.runner.sample(self.scheduler, logits)
-        draws = dict(zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)))
-        return pending + self._apply(self.scheduler.update(tokens), draws)
+        draws: dict = {}   # a sequence's first row (one with a draft has more)
+        for sid, draw in zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)):
+            draws.setdefault(sid, draw)
+        updates = self._apply(self.scheduler.update(tokens), draws)
+        cost = self.step_cost.add(plan.num_tokens, forward, time.perf_counter() - started)
+        if cost is not None:
+            self.scheduler.set_step_cost(*cost)
+        return pending + updates
 
     def _apply(self, events: list[_native.StepOutput], draws: dict) -> list[StepUpdate]:
         """``draws``: seq id → (logprob, top logprobs or None) of its sampled token."""
@@ -227,12 +276,14 @@ class Engine:
             if top is not None:  # the client's view: before temperature and filters
                 lp, top = top
             start = len(req.output_ids) - len(req.forced_start)
-            # The sampled token, then those the grammar forced (probability 1).
-            new = [token, *ev.forced]
+            # The sampled token, then those the grammar forced (probability 1),
+            # then what later draws of a speculative step appended (a request
+            # that asks for logprobs never speculates).
+            new = [token, *ev.forced, *ev.more]
             self._append(req, token, lp, top)
-            for t in ev.forced:
+            for t in new[1:]:
                 self._append(req, t, 0.0)
-            req.num_forced += len(ev.forced)
+            req.num_forced += len(ev.forced) + ev.more_forced
             self.counters["generated_tokens"] += len(new)
             for t in new[:-1]:
                 req.detok.push(t)

@@ -41,19 +41,26 @@ class LLM:
                  max_num_seqs: int = 64, kv_cache_tokens: int | None = None,
                  block_size: int = 16, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, enable_prefix_caching: bool = True,
-                 chat_template: str | None = None, tensor_parallel_size: int = 1):
+                 chat_template: str | None = None, tensor_parallel_size: int = 1,
+                 speculative: bool = False, num_speculative_tokens: int = 8,
+                 drafter: str = "lookup"):
         """``chat_template``: a Jinja template (text or a file path) used
         instead of the model's own, as ``--chat-template`` in other servers.
 
         ``tensor_parallel_size``: split the model over that many processes
         (guided/model/parallel/): started here on this host, or met through
         torch.distributed's env:// variables when WORLD_SIZE is set (torchrun,
-        several hosts). ``close()`` stops them."""
+        several hosts). ``close()`` stops them.
+
+        ``speculative``: speculative decoding for requests that do not say
+        (SamplingParams.speculative), looking up at most
+        ``num_speculative_tokens`` a step (see EngineConfig)."""
         given = _template_text(chat_template) if chat_template else None   # checked before the load
         config = EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching)
+            enable_prefix_caching=enable_prefix_caching, speculative=speculative,
+            num_speculative_tokens=num_speculative_tokens, drafter=drafter)
         group = _tensor_group(model, device, dtype, tensor_parallel_size, config)
         try:
             self.loaded = load_model(model, device=device, dtype=dtype, tensor_group=group)

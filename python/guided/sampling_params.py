@@ -66,6 +66,11 @@ class SamplingParams:
     alternative. Tokens a grammar forced have log-probability 0.
     n samples are drawn for each prompt, sharing its KV blocks; with a
     seed, sample i draws from seed + i, so they differ yet repeat.
+    speculative turns speculative decoding on or off for this request (None:
+    as the engine is set, EngineConfig.speculative): tokens looked up in
+    the prompt and output so far, chosen by the grammar, are checked in one
+    forward pass; the output is the same token for token. A request asking
+    for logprobs does not speculate.
     """
 
     max_tokens: int = 64
@@ -87,6 +92,7 @@ class SamplingParams:
     fast_forward: bool = True
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -128,6 +134,8 @@ class SamplingParams:
             (all(math.isfinite(b) and -100 <= b <= 100 for b in bias.values()),
              "logit_bias values must be in [-100, 100]"),
             (isinstance(self.fast_forward, bool), "fast_forward must be a bool"),
+            (self.speculative is None or isinstance(self.speculative, bool),
+             f"speculative must be a bool or None, got {self.speculative!r}"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an int in [0, 20], got {self.logprobs!r}"),
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from itertools import islice
 
 import pytest
@@ -192,6 +193,32 @@ def test_json_schema_suite(long_runs, temperature):
     assert not [n for n in refused if not n.startswith("bench:")], refused
     for name, message in refused.items():
         print(f"refused {name}: {message[:200]}")
+
+
+@pytest.fixture(scope="module")
+def random_drafts():
+    """The default model in fp32, speculating with drafts of random tokens
+    (half of them out of the context): the grammar refuses most, and the
+    model writes almost none."""
+    from guided import LLM
+    return LLM(dtype="float32", max_num_seqs=64, kv_cache_tokens=32768, speculative=True,
+               drafter="random:7")
+
+
+def test_drafts_the_grammar_refuses_change_nothing(long_runs, llm, random_drafts):
+    """Speculative decoding checked against random drafts over the whole
+    suite, greedy and seeded: every output is the one without speculation
+    (so valid wherever that one is), token for token."""
+    params = [replace(p, speculative=True) for p in
+              [*_whitespace_params(llm), *_suite_params(long_runs["schemas"], 0.0),
+               *_suite_params(long_runs["schemas"], 1.0)]]
+    want = [*long_runs["whitespace"], *long_runs["suite 0.0"], *long_runs["suite 1.0"]]
+    outs = random_drafts.generate([PROMPT] * len(params), params)
+    differ = [(p.structured_outputs, a.text[:80], b.text[:80])
+              for p, a, b in zip(params, outs, want) if a.token_ids != b.token_ids]
+    assert not differ, differ[:3]
+    stats = random_drafts.stats()
+    assert stats["draft_tokens"] > 500 and stats["draft_lookups_kept"] < stats["draft_lookups"] / 2, stats
 
 
 @pytest.mark.parametrize("name", sorted(REJECTED))

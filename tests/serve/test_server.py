@@ -363,3 +363,23 @@ def test_cached_tokens_never_exceed_the_prompt(client, model):
         usage = out.usage
         assert usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens, usage
     assert usage.prompt_tokens_details.cached_tokens > 0, usage
+
+
+def test_a_request_may_speculate_and_the_metrics_show_it(server, client, model):
+    """"speculative": true in a body turns speculative decoding on for that
+    request: the same answer as without, and /metrics counts its drafts."""
+    order = ("Order 20871-C was placed by Ingrid Nakamura (ingrid.nakamura@example.org) for 2 units "
+             "of the Quantum Desk Lamp, shipped to 88 Harbour View Road, Wellington.")
+    schema = {"type": "object", "properties": {"customer": {"type": "string"}, "email": {"type": "string"},
+              "address": {"type": "string"}}, "required": ["customer", "email", "address"]}
+    ask = dict(model=model, max_tokens=80, temperature=0,
+               messages=[{"role": "user", "content": f"Extract the order as JSON.\n\n{order}"}],
+               response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": schema}})
+    before = metric(server, "guided_draft_steps_total") or 0.0
+    plain = client.chat.completions.create(**ask)
+    drafted = client.chat.completions.create(**ask, extra_body={"speculative": True})
+    assert drafted.choices[0].message.content == plain.choices[0].message.content
+    assert metric(server, "guided_draft_steps_total") > before
+    assert metric(server, "guided_draft_acceptance_ratio") > 0
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(**ask, extra_body={"speculative": "sometimes"})

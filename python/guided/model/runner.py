@@ -158,4 +158,6 @@ class ModelRunner:
         shape) from the logits ``execute`` returned."""
         if isinstance(logits, np.ndarray):
             return scheduler.sample(logits)
+        if scheduler.speculating():   # drafts are checked on the host, row by row
+            return scheduler.sample(logits.float().cpu().numpy())
         return self.sampler.sample(scheduler, logits)

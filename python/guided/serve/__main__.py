@@ -38,6 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--speculative", action="store_true",
+                    help="speculative decoding for requests that do not say (the request's "
+                         "'speculative' field): tokens looked up in the conversation, chosen by "
+                         "the grammar, checked in one forward pass; the output is unchanged")
+    ap.add_argument("--num-speculative-tokens", type=int, default=8,
+                    help="with --speculative: the most tokens a step looks up for one request")
     ap.add_argument("--api-key", default=os.environ.get("GUIDED_API_KEY"),
                     help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1 "
                          "(env GUIDED_API_KEY)")
@@ -108,7 +114,8 @@ def main(argv=None) -> None:
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
-              chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size)
+              chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size,
+              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens)
     names = served_names(args.served_model_name, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,

@@ -6,10 +6,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Engine counters that only grow, and readings that go up and down.
 _COUNTERS = ("prompt_tokens", "generated_tokens", "forced_tokens", "prefix_cache_hit_tokens",
-             "prefix_cache_queries", "preemptions", "steps", "mask_rows")
+             "prefix_cache_queries", "preemptions", "steps", "mask_rows",
+             "draft_steps", "draft_tokens", "draft_lookups", "draft_lookups_kept",
+             "draft_step_tokens", "draft_mask_rows")
 _GAUGES = ("num_running", "num_waiting", "num_free_blocks", "num_cached_blocks", "num_blocks")
 # Engine microsecond counters, exported in seconds.
-_SECONDS = {"mask_time_us": "mask_time_seconds", "mask_wait_us": "mask_wait_seconds"}
+_SECONDS = {"mask_time_us": "mask_time_seconds", "mask_wait_us": "mask_wait_seconds",
+            "draft_mask_us": "draft_mask_seconds"}
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
@@ -50,6 +53,14 @@ def _derived(stats: dict):
     yield GaugeMetricFamily("guided_prefix_cache_hit_ratio",
                             "prompt tokens served from the prefix cache / prompt tokens looked up",
                             value=stats.get("prefix_cache_hit_tokens", 0) / queries if queries else 0.0)
+    drafted = stats.get("draft_steps") or 0
+    yield GaugeMetricFamily("guided_draft_tokens_per_forward",
+                            "tokens appended per speculative sequence-step (1 without speculation)",
+                            value=stats.get("draft_step_tokens", 0) / drafted if drafted else 0.0)
+    lookups = stats.get("draft_lookups") or 0
+    yield GaugeMetricFamily("guided_draft_acceptance_ratio",
+                            "looked-up draft tokens kept / looked up",
+                            value=stats.get("draft_lookups_kept", 0) / lookups if lookups else 0.0)
 
 
 class _RankCollector:

@@ -45,6 +45,8 @@ class _Common(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     structured_outputs: dict[str, Any] | None = None
+    # guided's own: speculative decoding for this request (None: as the server is set)
+    speculative: bool | None = None
 
     def sampling_params(self, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """The engine's params for choice ``choice`` of ``n``: with a seed,
@@ -59,7 +61,7 @@ class _Common(BaseModel):
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                 repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
                 ignore_eos=self.ignore_eos, logit_bias=self.logit_bias,
-                logprobs=self.top_logprobs_wanted())
+                logprobs=self.top_logprobs_wanted(), speculative=self.speculative)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 
