@@ -61,7 +61,7 @@ def dtype_label(llm: LLM) -> str:
 def weight_mb(llm: LLM) -> float:
     model = llm.loaded.model
     dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
-    quant = sum(m.matrix.nbytes
+    quant = sum(m.nbytes
                 for m in model.modules() if isinstance(m, QuantLinear))
     return (dense + quant) / 2**20
 

@@ -18,16 +18,29 @@
 use std::cell::RefCell;
 
 use crate::pool;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{exp8_one, exp_minus, hsum4};
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// A cached key or value element.
 pub trait KvElem: Copy + Send + Sync {
     fn f32(self) -> f32;
+    /// Eight elements widened to f32 (AVX2 callers only).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(at: *const Self) -> __m256;
 }
 
 impl KvElem for f32 {
     #[inline(always)]
     fn f32(self) -> f32 {
         self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(at: *const f32) -> __m256 {
+        _mm256_loadu_ps(at)
     }
 }
 
@@ -36,6 +49,11 @@ impl KvElem for u16 {
     #[inline(always)]
     fn f32(self) -> f32 {
         f32::from_bits((self as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(at: *const u16) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(at as *const __m128i)), 16))
     }
 }
 
@@ -147,12 +165,12 @@ pub fn paged_attention<T: KvElem>(
         let head = Head { layout: &l, table, kvh, pos: rows.pos[r] as usize, scores, sinks: sinks.map(|s| &s[kvh * g..][..g]) };
         // SAFETY: each task writes its own `span` outputs, and `out` outlives the loop
         let out = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(at), span) };
-        WEIGHTS.with_borrow_mut(|w| {
+        SCRATCH.with_borrow_mut(|(w, offsets)| {
             if fast {
                 // SAFETY: avx2() said the CPU has AVX2 and FMA
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    head.attend_avx2(&q[at..at + span], k, v, w, out)
+                    head.attend_avx2(&q[at..at + span], k, v, w, offsets, out)
                 };
             } else {
                 head.attend(&q[at..at + span], k, v, w, out);
@@ -163,8 +181,8 @@ pub fn paged_attention<T: KvElem>(
 }
 
 thread_local! {
-    /// A task's scores, then weights: [g, positions seen].
-    static WEIGHTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A task's scores, then weights: [g, positions seen]; and each position's offset in the cache.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// One row and one kv head: the g query heads that share it.
@@ -186,10 +204,101 @@ impl Head<'_> {
         ((block * l.block_size + p % l.block_size) * l.kv_heads + self.kvh) * l.head_size
     }
 
+    /// `attend` with AVX2: scores by 8-wide fused dot products (four
+    /// positions at a time, each reduced in the same order as one alone), a
+    /// vectorized exp, values by fused multiply-adds into registers. Each
+    /// output is computed by operations fixed by its own row alone.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn attend_avx2<T: KvElem>(&self, q: &[f32], k: &[T], v: &[T], w: &mut Vec<f32>, out: &mut [f32]) {
-        self.attend(q, k, v, w, out)
+    unsafe fn attend_avx2<T: KvElem>(&self, q: &[f32], k: &[T], v: &[T], w: &mut Vec<f32>, at: &mut Vec<usize>, out: &mut [f32]) {
+        let l = self.layout;
+        let d = l.head_size;
+        let g = q.len() / d;
+        let first = self.scores.window.map_or(0, |win| (self.pos + 1).saturating_sub(win));
+        let n = self.pos + 1 - first;
+        w.clear();
+        w.resize(g * n, 0.0);
+        at.clear();
+        at.extend((first..=self.pos).map(|p| self.offset(p)));
+        let (kp, vp) = (k.as_ptr(), v.as_ptr());
+        let body = d / 8 * 8;
+        let dot = |qm: *const f32, key: *const T| -> __m256 {
+            let mut acc = _mm256_setzero_ps();
+            let mut c = 0;
+            while c < body {
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qm.add(c)), T::load8(key.add(c)), acc);
+                c += 8;
+            }
+            acc
+        };
+        let finish = |s: f32, qm: *const f32, key: *const T| -> f32 {
+            let mut s = s;
+            for c in body..d {
+                s += *qm.add(c) * (*key.add(c)).f32();
+            }
+            s *= self.scores.scale;
+            if let Some(cap) = self.scores.softcap {
+                s = (s / cap).tanh() * cap;
+            }
+            s
+        };
+        for m in 0..g {
+            let qm = q.as_ptr().add(m * d);
+            let row = w.as_mut_ptr().add(m * n);
+            let mut i = 0;
+            while i + 4 <= n {
+                let keys = [0, 1, 2, 3].map(|j| kp.add(at[i + j]));
+                let sums = hsum4(keys.map(|key| dot(qm, key)));
+                for j in 0..4 {
+                    *row.add(i + j) = finish(sums[j], qm, keys[j]);
+                }
+                i += 4;
+            }
+            while i < n {
+                let key = kp.add(at[i]);
+                *row.add(i) = finish(hsum4([dot(qm, key); 4])[0], qm, key);
+                i += 1;
+            }
+        }
+        for m in 0..g {
+            let row = &mut w[m * n..][..n];
+            let sink = self.sinks.map(|s| s[m]);
+            let max = row.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = exp_minus(row, max);
+            if let Some(s) = sink {
+                sum += exp8_one(s - max);
+            }
+            let inv = 1.0 / sum;
+            row.iter_mut().for_each(|s| *s *= inv);
+        }
+        // values: 64 columns at a time held in registers over every position
+        for m in 0..g {
+            let o = out.as_mut_ptr().add(m * d);
+            let row = w.as_ptr().add(m * n);
+            let mut c0 = 0;
+            while c0 < body {
+                let width = (body - c0).min(64) / 8;
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for i in 0..n {
+                    let a = _mm256_set1_ps(*row.add(i));
+                    let value = vp.add(at[i] + c0);
+                    for (c, x) in acc.iter_mut().enumerate().take(width) {
+                        *x = _mm256_fmadd_ps(a, T::load8(value.add(8 * c)), *x);
+                    }
+                }
+                for (c, x) in acc.iter().enumerate().take(width) {
+                    _mm256_storeu_ps(o.add(c0 + 8 * c), *x);
+                }
+                c0 += 64;
+            }
+            for c in body..d {
+                let mut x = 0f32;
+                for i in 0..n {
+                    x += *row.add(i) * (*vp.add(at[i] + c)).f32();
+                }
+                *o.add(c) = x;
+            }
+        }
     }
 
     /// q and out: [g, head_size] of this row.

@@ -7,9 +7,12 @@ pub mod closing;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cuda_reference;
+pub mod decoder;
+pub mod dense;
 pub mod device_sampling;
 pub mod grammar;
 pub mod masks;
+pub mod packed;
 pub mod pool;
 pub mod quant;
 pub mod random;
@@ -17,6 +20,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod speculative;
 pub mod sequence;
+pub mod simd;
 
 #[cfg(feature = "python")]
 mod python;
@@ -24,6 +28,8 @@ mod python;
 mod python_attention;
 #[cfg(feature = "python")]
 mod python_cuda;
+#[cfg(feature = "python")]
+mod python_decoder;
 #[cfg(feature = "python")]
 mod python_grammar;
 #[cfg(feature = "python")]

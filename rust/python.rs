@@ -313,33 +313,33 @@ impl PyDeviceRows {
 }
 
 #[pyclass(name = "StepPlan", module = "guided._native", frozen)]
-struct PyStepPlan {
+pub(crate) struct PyStepPlan {
     #[pyo3(get)]
-    input_ids: Py<PyArray1<i64>>,
+    pub(crate) input_ids: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    positions: Py<PyArray1<i64>>,
+    pub(crate) positions: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    slot_mapping: Py<PyArray1<i64>>,
+    pub(crate) slot_mapping: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    block_tables: Py<PyArray2<i32>>,
+    pub(crate) block_tables: Py<PyArray2<i32>>,
     #[pyo3(get)]
-    context_lens: Py<PyArray1<i32>>,
+    pub(crate) context_lens: Py<PyArray1<i32>>,
     #[pyo3(get)]
-    query_start_loc: Py<PyArray1<i32>>,
+    pub(crate) query_start_loc: Py<PyArray1<i32>>,
     #[pyo3(get)]
-    seq_ids: Py<PyArray1<i64>>,
+    pub(crate) seq_ids: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    logits_indices: Py<PyArray1<i64>>,
+    pub(crate) logits_indices: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    sample_seq_ids: Py<PyArray1<i64>>,
+    pub(crate) sample_seq_ids: Py<PyArray1<i64>>,
     #[pyo3(get)]
-    max_query_len: usize,
+    pub(crate) max_query_len: usize,
     #[pyo3(get)]
-    max_context_len: usize,
+    pub(crate) max_context_len: usize,
     #[pyo3(get)]
-    is_decode_only: bool,
+    pub(crate) is_decode_only: bool,
     #[pyo3(get)]
-    num_tokens: usize,
+    pub(crate) num_tokens: usize,
 }
 
 impl PyStepPlan {
@@ -387,6 +387,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::python_quant::PyQuantMatrix>()?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_formats, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::python_quant::ggml_quantize, m)?)?;
+    m.add_class::<crate::python_decoder::PyCpuDecoder>()?;
     m.add_function(wrap_pyfunction!(crate::python_attention::cpu_paged_attention, m)?)?;
     crate::python_cuda::register(m)?;
     Ok(())

@@ -4,12 +4,15 @@ use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyA
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use std::sync::Arc;
+
 use crate::quant::{self, QuantMatrix};
 
 /// A weight matrix [rows, cols] in a ggml block format, multiplied by ggml's CPU kernels.
 #[pyclass(name = "QuantMatrix", module = "guided._native", frozen)]
 pub struct PyQuantMatrix {
-    inner: QuantMatrix,
+    /// shared with the CPU decoder that multiplies by it (`python_decoder.rs`)
+    pub(crate) inner: Arc<QuantMatrix>,
 }
 
 #[pymethods]
@@ -18,7 +21,7 @@ impl PyQuantMatrix {
     #[new]
     fn new(ggml_type: u32, rows: usize, cols: usize, data: PyReadonlyArray1<'_, u8>) -> PyResult<Self> {
         let bytes = data.as_slice().map_err(|_| PyValueError::new_err("data must be a contiguous uint8 array"))?.to_vec();
-        QuantMatrix::new(ggml_type, rows, cols, bytes).map(|inner| PyQuantMatrix { inner }).map_err(PyValueError::new_err)
+        QuantMatrix::new(ggml_type, rows, cols, bytes).map(|inner| PyQuantMatrix { inner: Arc::new(inner) }).map_err(PyValueError::new_err)
     }
 
     /// A float32 [rows, cols] matrix in format `ggml_type`, by ggml's reference quantizer.
@@ -27,13 +30,14 @@ impl PyQuantMatrix {
         let (rows, cols) = (dense.shape()[0], dense.shape()[1]);
         let values = dense.as_slice().map_err(|_| PyValueError::new_err("dense must be C-contiguous"))?;
         py.detach(|| QuantMatrix::quantize(ggml_type, rows, cols, values))
-            .map(|inner| PyQuantMatrix { inner })
+            .map(|inner| PyQuantMatrix { inner: Arc::new(inner) })
             .map_err(PyValueError::new_err)
     }
 
-    /// The matrix's blocks as stored (a copy).
-    fn blocks<'py>(&self, py: Python<'py>) -> Bound<'py, numpy::PyArray1<u8>> {
-        self.inner.bytes().to_vec().into_pyarray(py)
+    /// Whether the multi-row kernels run it (its format has a packing); else ggml's one-row dot products.
+    #[getter]
+    fn packed(&self) -> bool {
+        self.inner.packed().is_some()
     }
 
     #[getter]
@@ -97,6 +101,16 @@ impl PyQuantMatrix {
     fn __repr__(&self) -> String {
         format!("QuantMatrix({}, [{}, {}])", self.inner.format_name(), self.inner.rows, self.inner.cols)
     }
+}
+
+/// A float32 [rows, cols] matrix as ggml rows of format `ggml_type` (a GGUF tensor's bytes), by ggml's
+/// reference quantizer.
+#[pyfunction]
+pub fn ggml_quantize<'py>(py: Python<'py>, ggml_type: u32, dense: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, numpy::PyArray1<u8>>> {
+    let (rows, cols) = (dense.shape()[0], dense.shape()[1]);
+    let values = dense.as_slice().map_err(|_| PyValueError::new_err("dense must be C-contiguous"))?;
+    let bytes = py.detach(|| quant::quantize_rows(ggml_type, rows, cols, values)).map_err(PyValueError::new_err)?;
+    Ok(bytes.into_pyarray(py))
 }
 
 /// The ISA level of ggml's kernels picked for this CPU ("avx2", "avx512"), or None where there is none.

@@ -1,14 +1,16 @@
-//! Quantized matmul on the CPU: a GGUF tensor's bytes as stored, multiplied
-//! through ggml's own kernels (built from ggml's sources by `rust/build.rs`).
+//! Quantized matmul on the CPU: `y = x · Wᵀ` for f32 activations `x`
+//! [batch, cols] and a weight `W` [rows, cols] given in one of ggml's block
+//! formats (a GGUF tensor's bytes as stored).
 //!
-//! `y = x · Wᵀ` for f32 activations `x` [batch, cols] and a weight `W`
-//! [rows, cols] in one of ggml's block formats. As in ggml's CPU backend, the
-//! activations are first quantized to the format the weight's dot product
-//! pairs with (Q8_0, Q8_1 or Q8_K), then every output is one `vec_dot` of a
-//! weight row with an activation row. The weight rows are split over
-//! threads; each thread reads a weight row once and dots it with every
-//! activation row while it is in cache. The threads are `pool.rs`'s, which
-//! start a call at once where rayon's would first wake up.
+//! Where the format has a packing (`packed.rs`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+//! Q4_K, Q5_K, Q6_K), the matrix is repacked at construction and multiplied
+//! by the multi-row kernels there; the GGUF bytes are not kept. The other
+//! formats (Q2_K, Q3_K) keep their bytes and go through ggml's own one-row
+//! `vec_dot` (built from ggml's sources by `rust/build.rs`): the activations
+//! are first quantized to the format the dot product pairs with (Q8_0, Q8_1
+//! or Q8_K), then every output is one dot product of a weight row with an
+//! activation row. Either way a row's result does not depend on the other
+//! rows of the call. The threads are `pool.rs`'s.
 //!
 //! The kernels come in one build per x86 ISA level; [`kernels`] picks the best
 //! one this CPU runs, once. Where none does (not x86, or no AVX2),
@@ -19,6 +21,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use crate::packed::{f16_to_f32, Activations, PackedMatrix};
 use crate::pool;
 
 type VecDot = unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
@@ -178,9 +181,38 @@ impl Block {
     }
 }
 
-/// A weight matrix [rows, cols] in a ggml block format, rows contiguous.
+enum Storage {
+    Packed(PackedMatrix),
+    /// ggml rows as given, for ggml's `vec_dot`
+    Ggml(Vec<u8>),
+}
+
+/// `dense` [rows, cols] as ggml rows of format `ty`, by ggml's reference quantizer.
+pub fn quantize_rows(ty: u32, rows: usize, cols: usize, dense: &[f32]) -> Result<Vec<u8>, String> {
+    assert_eq!(dense.len(), rows * cols, "quantize shape");
+    if kernels().is_none() {
+        return Err("this CPU has no build of ggml's quantized kernels (x86-64 with AVX2 needed)".into());
+    }
+    let format = FORMATS.iter().position(|f| f.0 == ty).map(|i| FORMATS[i]);
+    let from_float = format
+        .and_then(|f| unsafe { &*ggml_get_type_traits(f.0 as c_int) }.from_float_ref)
+        .ok_or_else(|| format!("ggml type {ty} has no quantizer here"))?;
+    let block = Block::of(ty);
+    if cols % block.elements != 0 {
+        return Err(format!("{cols} columns are not whole {}-element blocks", block.elements));
+    }
+    let row_bytes = block.row_bytes(cols);
+    let mut data = vec![0u8; rows * row_bytes];
+    data.par_chunks_mut(row_bytes).zip(dense.par_chunks(cols)).for_each(|(dst, src)| unsafe {
+        from_float(src.as_ptr(), dst.as_mut_ptr().cast(), cols as i64)
+    });
+    Ok(data)
+}
+
+/// A weight matrix [rows, cols] in a ggml block format: packed for the
+/// multi-row kernels, or its ggml rows as stored.
 pub struct QuantMatrix {
-    data: Vec<u8>,
+    storage: Storage,
     format: usize, // index into FORMATS
     pub rows: usize,
     pub cols: usize,
@@ -214,38 +246,48 @@ impl QuantMatrix {
                 rows * row_bytes
             ));
         }
-        Ok(QuantMatrix { data, format, rows, cols, row_bytes, act })
+        let storage = match PackedMatrix::pack(ty, rows, cols, &data, row_bytes) {
+            Some(packed) => Storage::Packed(packed),
+            None => Storage::Ggml(data),
+        };
+        Ok(QuantMatrix { storage, format, rows, cols, row_bytes, act })
     }
 
     /// `dense` [rows, cols] in format `ty`, by ggml's reference quantizer.
     pub fn quantize(ty: u32, rows: usize, cols: usize, dense: &[f32]) -> Result<Self, String> {
-        assert_eq!(dense.len(), rows * cols, "quantize shape");
-        let format = FORMATS.iter().position(|f| f.0 == ty).map(|i| FORMATS[i]);
-        let from_float = format
-            .and_then(|f| unsafe { &*ggml_get_type_traits(f.0 as c_int) }.from_float_ref)
-            .ok_or_else(|| format!("ggml type {ty} has no quantizer here"))?;
-        let block = Block::of(ty);
-        if cols % block.elements != 0 {
-            return Err(format!("{cols} columns are not whole {}-element blocks", block.elements));
-        }
-        let row_bytes = block.row_bytes(cols);
-        let mut data = vec![0u8; rows * row_bytes];
-        data.par_chunks_mut(row_bytes).zip(dense.par_chunks(cols)).for_each(|(dst, src)| unsafe {
-            from_float(src.as_ptr(), dst.as_mut_ptr().cast(), cols as i64)
-        });
-        QuantMatrix::new(ty, rows, cols, data)
+        QuantMatrix::new(ty, rows, cols, quantize_rows(ty, rows, cols, dense)?)
+    }
+
+    /// As `new`, but keeping ggml's rows and one-row kernel whatever the format (tests compare the two).
+    #[cfg(test)]
+    pub fn quantize_unpacked(ty: u32, rows: usize, cols: usize, data: Vec<u8>) -> Self {
+        let mut m = QuantMatrix::new(ty, rows, cols, data.clone()).unwrap();
+        m.storage = Storage::Ggml(data);
+        m
     }
 
     pub fn format_name(&self) -> &'static str {
         FORMATS[self.format].1
     }
 
-    pub fn nbytes(&self) -> usize {
-        self.data.len()
+    /// The ggml type id of the format it was given in.
+    pub fn ggml_type(&self) -> u32 {
+        FORMATS[self.format].0
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        &self.data
+    /// Whether the multi-row kernels run it (else ggml's one-row dot products).
+    pub fn packed(&self) -> Option<&PackedMatrix> {
+        match &self.storage {
+            Storage::Packed(p) => Some(p),
+            Storage::Ggml(_) => None,
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        match &self.storage {
+            Storage::Packed(p) => p.nbytes(),
+            Storage::Ggml(data) => data.len(),
+        }
     }
 
     /// out[b, r] = Σ_c x[b, c] · W[r, c], for `x` [batch, cols] and `out` [batch, rows].
@@ -257,6 +299,42 @@ impl QuantMatrix {
     pub fn matmul(&self, x: &[f32], out: &mut [f32], precise: bool) {
         let batch = x.len() / self.cols;
         assert!(x.len() == batch * self.cols && out.len() == batch * self.rows, "matmul shapes");
+        match &self.storage {
+            Storage::Packed(p) => {
+                let mut act = Activations::new();
+                act.quantize(x, self.cols, precise);
+                p.matmul(&act, out);
+            }
+            Storage::Ggml(data) => self.ggml_matmul(data, x, out, precise),
+        }
+    }
+
+    /// The dense f32 matrix [rows, cols], by ggml's own dequantization (packed: the same values).
+    pub fn dequantize(&self, out: &mut [f32]) {
+        assert_eq!(out.len(), self.rows * self.cols, "dequantize shape");
+        let cols = self.cols;
+        match &self.storage {
+            Storage::Packed(p) => out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| p.dequantize_row(r, row)),
+            Storage::Ggml(data) => {
+                let to_float = Block::to_float(FORMATS[self.format].0).expect("every weight format dequantizes");
+                let row_bytes = self.row_bytes;
+                out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| unsafe {
+                    to_float(data[r * row_bytes..].as_ptr().cast(), row.as_mut_ptr(), cols as i64)
+                });
+            }
+        }
+    }
+
+    /// Row `r` of a matrix kept in ggml's rows, by ggml's dequantization.
+    pub(crate) fn dequantize_ggml_row(&self, r: usize, out: &mut [f32]) {
+        let Storage::Ggml(data) = &self.storage else { unreachable!("a packed matrix's rows come from packed.rs") };
+        let to_float = Block::to_float(FORMATS[self.format].0).expect("every weight format dequantizes");
+        // SAFETY: row r is row_bytes of a format ggml dequantizes into `cols` values
+        unsafe { to_float(data[r * self.row_bytes..].as_ptr().cast(), out.as_mut_ptr(), self.cols as i64) };
+    }
+
+    fn ggml_matmul(&self, data: &[u8], x: &[f32], out: &mut [f32], precise: bool) {
+        let batch = x.len() / self.cols;
         let k = kernels().expect("checked in new");
         let act_ty = FORMATS[self.format].2;
         let (quantize, act) = (k.quantize[self.act.0], self.act.1);
@@ -283,7 +361,7 @@ impl QuantMatrix {
         pool::run(rows.div_ceil(chunk), &|c| {
             let out = out_ptr;
             for r in c * chunk..((c + 1) * chunk).min(rows) {
-                let w = self.data[r * row_bytes..].as_ptr().cast();
+                let w = data[r * row_bytes..].as_ptr().cast();
                 for b in 0..batch {
                     let mut sum = 0f32;
                     for p in 0..passes {
@@ -299,15 +377,6 @@ impl QuantMatrix {
         });
     }
 
-    /// The dense f32 matrix [rows, cols], by ggml's own dequantization.
-    pub fn dequantize(&self, out: &mut [f32]) {
-        assert_eq!(out.len(), self.rows * self.cols, "dequantize shape");
-        let to_float = Block::to_float(FORMATS[self.format].0).expect("every weight format dequantizes");
-        let (cols, row_bytes) = (self.cols, self.row_bytes);
-        out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| unsafe {
-            to_float(self.data[r * row_bytes..].as_ptr().cast(), row.as_mut_ptr(), cols as i64)
-        });
-    }
 }
 
 /// An activation row in Q8_0, Q8_1 or Q8_K back to f32: every block is a
@@ -325,22 +394,6 @@ fn dequantize_activations(ty: u32, block_bytes: usize, src: &[u8], out: &mut [f3
             *o = d * q as i8 as f32;
         }
     }
-}
-
-/// IEEE half → f32 (every value exact).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let (exp, mant) = (((h >> 10) & 0x1f) as u32, (h & 0x3ff) as u32);
-    let bits = match (exp, mant) {
-        (0, 0) => sign,
-        (0, _) => {
-            let shift = mant.leading_zeros() - 21; // subnormal: normalise the mantissa
-            sign | ((113 - shift) << 23) | ((mant << shift) & 0x3ff) << 13
-        }
-        (31, _) => sign | 0x7f80_0000 | (mant << 13),
-        _ => sign | ((exp + 112) << 23) | (mant << 13),
-    };
-    f32::from_bits(bits)
 }
 
 #[derive(Clone, Copy)]

@@ -10,16 +10,16 @@ fine); a plan left without its ``update()`` is dropped at the next
 the prefix cache only once a later call confirms the pass ran.
 """
 
-from typing import Callable, Self, final
+from typing import Any, Callable, Self, final
 
 import numpy as np
 import numpy.typing as npt
 
 from guided.sampling_params import SamplingParams
 
-__all__ = ["DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
+__all__ = ["CpuDecoder", "DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
            "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
-           "cuda_paged_decode", "cuda_status", "cuda_write_kv", "quant_formats", "quant_kernels",
+           "cuda_paged_decode", "cuda_status", "cuda_write_kv", "ggml_quantize", "quant_formats", "quant_kernels",
            "reference_adjust_logits", "reference_masked_sample", "reference_paged_decode"]
 
 #: a torch tensor as the CUDA launchers take it (python/guided/cuda_ops.py):
@@ -336,15 +336,18 @@ class Matcher:
 
 @final
 class QuantMatrix:
-    """A weight matrix [rows, cols] in a ggml block format (a GGUF tensor's
-    bytes as stored), multiplied by ggml's CPU kernels: the activations are
-    quantized to 8 bits (Q8_0, Q8_1 or Q8_K, the format the weight's dot
-    product pairs with), every output is one dot product, rows split over
-    threads, the GIL released."""
+    """A weight matrix [rows, cols] given in a ggml block format (a GGUF
+    tensor's bytes as stored). Where the format has a packing (Q4_0, Q4_1,
+    Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) it is repacked, eight rows
+    interleaved, for the multi-row kernels (rust/packed.rs: activations
+    quantized to 8 bits per 32 columns, each weight block loaded once for
+    every row of a call); Q2_K and Q3_K keep ggml's rows and one-row dot
+    products. Rows split over threads, the GIL released; a row's result never
+    depends on the other rows of the call."""
 
     def __new__(cls, ggml_type: int, rows: int, cols: int, data: npt.NDArray[np.uint8]) -> Self:
-        """``data``: rows × row-bytes, contiguous (copied). ValueError names an
-        unsupported type, columns that are not whole blocks, or a wrong length."""
+        """``data``: rows × row-bytes, contiguous (copied, or repacked). ValueError
+        names an unsupported type, columns that are not whole blocks, or a wrong length."""
     @staticmethod
     def quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> QuantMatrix:
         """A float32 [rows, cols] matrix in ``ggml_type``, by ggml's reference quantizer."""
@@ -361,10 +364,37 @@ class QuantMatrix:
         """out[b, r] = Σ_c x[b, c] · W[r, c]; x [batch, cols], out [batch, rows],
         float32, C-contiguous. ``precise``: the activations' rounding error
         gets a second pass (about 16-bit activations)."""
+    @property
+    def packed(self) -> bool:
+        """Whether the multi-row kernels run it (else ggml's one-row dot products)."""
     def dequantize(self, out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
-        """The dense [rows, cols] matrix by ggml's dequantization, into ``out`` if given."""
-    def blocks(self) -> npt.NDArray[np.uint8]:
-        """The matrix's bytes as stored (a copy)."""
+        """The dense [rows, cols] matrix: ggml's dequantized values, into ``out`` if given."""
+
+def ggml_quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+    """A float32 [rows, cols] matrix as ggml rows of ``ggml_type`` (a GGUF tensor's bytes),
+    by ggml's reference quantizer."""
+
+@final
+class CpuDecoder:
+    """A model's CPU step in native code (rust/decoder.rs; built by
+    guided.model.native from a loaded model): every layer of every row of a
+    step in one call, the GIL released."""
+
+    def __new__(cls, spec_: dict[str, Any], embedding: npt.NDArray[np.float32] | QuantMatrix,
+                layers: list[dict[str, Any]], norm: npt.NDArray[np.float32], lm_head: dict[str, Any],
+                caches: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]) -> Self:
+        """``spec_``: the model's shape and its architecture's choices; ``embedding``: the
+        token table (read in place) or a QuantMatrix whose rows are dequantized on lookup;
+        ``layers``: one dict per layer (norms, "qkv", "o", "mlp", scale, window, softcap,
+        sinks, rope); a linear is {"parts": [QuantMatrix | float32 array], "bias"};
+        ``caches``: per layer (K, V), float32 [blocks, block_size, kv_heads, head_dim],
+        written in place. ValueError names the field that does not fit."""
+    def forward(self, plan: StepPlan, rope: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+        """The step's logits [rows that sample, vocab], its K/V written into the caches.
+        ``rope``: each rotary table [positions, rotary_dim] (cos, then sin)."""
+    def profile(self, on: bool) -> dict[str, float] | None:
+        """``profile(True)`` times each phase of every step from then on; ``profile(False)``
+        stops and returns the seconds per phase with "steps", "rows" and "total"."""
 
 def quant_kernels() -> str | None:
     """The ISA level of ggml's kernels picked for this CPU at run time

@@ -58,6 +58,10 @@ class EngineConfig:
     speculative: bool = False
     num_speculative_tokens: int = 8
     drafter: str = "lookup"
+    #: On a CPU: "auto" runs each step as native code (model/native.py) for a GGUF kept in its
+    #: blocks (the default), "native" for any model it can run (an error says why not),
+    #: "torch" runs decoder.py (the reference).
+    cpu_step: str = "auto"
 
     def model_len(self, mc) -> int:
         """The longest sequence served: max_model_len, within the model's positions."""
@@ -138,7 +142,7 @@ class Engine:
         self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
-                                  config.max_num_seqs, self.max_model_len)
+                                  config.max_num_seqs, self.max_model_len, config.cpu_step)
         self.scheduler = _native.Scheduler(
             num_blocks=self.runner.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,

@@ -143,7 +143,7 @@ def test_gguf_experts_stay_in_their_blocks_with_dtype_gguf(arch, tiny, tmp_path)
     path = write_gguf(directory, tmp_path / f"{arch}.gguf", "Q8_0")
     dense, blocks = load_model(path, dtype=torch.float32), load_model(path, dtype="gguf")
     moes = [layer.moe for layer in blocks.model.layers if layer.moe is not None]
-    assert moes and all(isinstance(q, QuantLinear) and q.matrix.format == "Q8_0"
+    assert moes and all(isinstance(q, QuantLinear) and q.formats == {"Q8_0"}
                         for moe in moes for q in [*moe.gate_up_q, *moe.down_q])
     for ids in prompts:
         want = last_logits(dense.model, dense.config, ids)

@@ -140,7 +140,7 @@ def load_model(path: str | None = None, device: str = "cpu", dtype: torch.dtype 
         from .gguf_loader import gguf_tokenizer_info, load_gguf
         config, model, md = load_gguf(path, dt, dev, quantized=_quantized_on_cpu(dtype, dev, tensor_group is not None))
         info = gguf_tokenizer_info(md)
-    formats = tuple(sorted({m.matrix.format for m in model.modules() if isinstance(m, QuantLinear)}))
+    formats = tuple(sorted({f for m in model.modules() if isinstance(m, QuantLinear) for f in m.formats}))
     if tensor_group is not None:
         check_split(config, tensor_group.size, dtype)
         shard(model, TensorSplit.of(config, tensor_group.rank, tensor_group.size), tensor_group)

@@ -45,34 +45,55 @@ class QuantWeight:
         return torch.from_numpy(self.matrix().dequantize())
 
     @staticmethod
-    def concat(parts: list[QuantWeight]) -> QuantWeight | None:
-        """The parts stacked by rows (fused q|k|v, gate|up), or None if their formats differ."""
-        if len({(p.ggml_type, p.cols) for p in parts}) != 1:
+    def concat(parts: list[QuantWeight]) -> QuantWeight | list[QuantWeight] | None:
+        """The parts stacked by rows (fused q|k|v, gate|up): one weight where they share a
+        format, the list where their formats differ, None where their widths differ."""
+        if len({p.cols for p in parts}) != 1:
             return None
+        if len({p.ggml_type for p in parts}) != 1:
+            return list(parts)
         return QuantWeight(parts[0].ggml_type, parts[0].cols, torch.cat([p.blocks for p in parts]))
 
 
 class QuantLinear(nn.Module):
-    """`precise` (the output head): the activations' 8-bit rounding error gets
+    """One matrix, or several stacked by rows where a fused layer's parts
+    differ in format (Gemma 3's q and k in Q5_0 with v in Q8_0).
+
+    `precise` (the output head): the activations' 8-bit rounding error gets
     a second pass through the kernel, so two near-tied tokens do not swap on it
     (SmolLM2 answers "L'Étoile, ..." for "Paris" without it, as llama.cpp does
     on the same GGUF); it costs a second dot product over weight rows already
     in cache."""
 
-    def __init__(self, matrix: _native.QuantMatrix, bias: bool, precise: bool = False):
+    def __init__(self, matrices: _native.QuantMatrix | list[_native.QuantMatrix], bias: bool,
+                 precise: bool = False):
         super().__init__()
-        self.matrix, self.precise = matrix, precise
-        self.in_features, self.out_features = self.matrix.cols, self.matrix.rows
+        self.matrices = list(matrices) if isinstance(matrices, (list, tuple)) else [matrices]
+        if len({m.cols for m in self.matrices}) != 1:
+            raise ValueError(f"stacked matrices differ in width: {[m.cols for m in self.matrices]}")
+        self.precise = precise
+        self.in_features, self.out_features = self.matrices[0].cols, sum(m.rows for m in self.matrices)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta"), requires_grad=False) \
             if bias else None
 
+    @property
+    def formats(self) -> set[str]:
+        return {m.format for m in self.matrices}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.matrices)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
-        self.matrix.matmul(rows.numpy(), out.numpy(), self.precise)
+        outs = [torch.empty(rows.shape[0], m.rows) for m in self.matrices]
+        for m, out in zip(self.matrices, outs):
+            m.matmul(rows.numpy(), out.numpy(), self.precise)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if self.bias is not None:
             out += self.bias
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.matrix.format}, in_features={self.in_features}, out_features={self.out_features}"
+        return f"{'+'.join(m.format for m in self.matrices)}, in_features={self.in_features}, " \
+               f"out_features={self.out_features}"

@@ -22,6 +22,7 @@ from .attention import AttentionMetadata
 from .decoder import allocate_kv_cache
 from .device_sampler import DeviceSampler
 from .loader import LoadedModel
+from .native import CPU_STEPS, NativeStep, NotNative, native_decoder
 
 log = logging.getLogger("guided.model")
 
@@ -36,7 +37,7 @@ GPU_ACTIVATION_RESERVE_BYTES = 1 << 30
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, block_size: int, kv_cache_tokens: int | None,
-                 max_num_seqs: int, max_model_len: int):
+                 max_num_seqs: int, max_model_len: int, cpu_step: str = "auto"):
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
@@ -61,6 +62,28 @@ class ModelRunner:
         self.sampler: DeviceSampler | None = DeviceSampler("cuda") if self.kernels else None
         self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
                                            loaded.kv_dtype, self.device, self.model.num_kv_heads)
+        #: the step as native code (model/native.py), where it runs; None: decoder.py
+        self.native: NativeStep | None = self._choose_step(cpu_step)
+
+    def _choose_step(self, cpu_step: str) -> NativeStep | None:
+        if cpu_step not in CPU_STEPS:
+            raise ValueError(f"cpu_step={cpu_step!r}: one of {', '.join(CPU_STEPS)}")
+        if cpu_step == "torch" or self.device.type != "cpu":
+            return None
+        if cpu_step == "auto" and not self.loaded.weight_formats:
+            # float32 weights stay with torch's GEMMs by default (transformers' parity and its
+            # prefill speed); cpu_step="native" runs them natively too
+            return None
+        try:
+            step = native_decoder(self.model, self.device, self.kv_caches)
+        except NotNative as why:
+            if cpu_step == "native":
+                raise
+            log.info("the CPU step runs in torch (decoder.py): %s", why)
+            return None
+        log.info("the CPU step runs as native code (rust/decoder.rs) with %s weights",
+                 "+".join(self.loaded.weight_formats) or "float32")
+        return step
 
     def _choose_kernels(self) -> bool:
         """Whether our CUDA kernels run the attention on this device (said once, at start)."""
@@ -121,6 +144,9 @@ class ModelRunner:
         on the device where it samples there (None if no row samples, and on
         tensor-parallel ranks other than 0, which take
         ``parallel.StepArrays``)."""
+        if self.native is not None:
+            logits = self.native.forward(plan)
+            return logits if len(logits) else None
         threads, before = self._step_threads(), torch.get_num_threads()
         if threads is not None and threads != before:
             torch.set_num_threads(threads)

@@ -115,12 +115,12 @@ class WeightSink:
         if len(parts) == len(order):
             del self._pending[fused]
             ordered = [parts[p] for p in order]
-            if all(isinstance(p, QuantWeight) for p in ordered):
+            if all(isinstance(p, QuantWeight) for p in ordered) and dim == 0:
                 joined = QuantWeight.concat(ordered)
                 if joined is not None:
                     self.state[fused] = joined
                     return
-            # a mix of formats is held dense
+            # a mix of quantized and float parts is held dense
             dense = [p.dense() if isinstance(p, QuantWeight) else p for p in ordered]
             self.state[fused] = torch.cat([d.to(device=self.device, dtype=self.dtype) for d in dense], dim=dim)
 
@@ -156,7 +156,7 @@ class WeightSink:
             joined = [QuantWeight.concat([QuantWeight(gate.ggml_type, gate.cols, gate.blocks[e]),
                                           QuantWeight(up.ggml_type, up.cols, up.blocks[e])])
                       for e in range(gate.blocks.shape[0])]
-            if all(j is not None for j in joined):
+            if all(isinstance(j, QuantWeight) for j in joined):
                 held[prefix] = ([j.matrix() for j in joined],
                                 [QuantWeight(down.ggml_type, down.cols, b).matrix() for b in down.blocks])
                 continue
@@ -168,12 +168,13 @@ class WeightSink:
         return held
 
     def _quant_linears(self, model: CausalLM) -> None:
-        """Put a QuantLinear where the state holds a QuantWeight."""
+        """Put a QuantLinear where the state holds a QuantWeight (or a stack of them in several formats)."""
         quantized = {name: self.state.pop(name) for name, w in list(self.state.items())
-                     if isinstance(w, QuantWeight)}
+                     if isinstance(w, (QuantWeight, list))}
         for name, weight in quantized.items():
             parent, _, child = name.removesuffix(".weight").rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             bias = getattr(owner, child).bias is not None
-            # the blocks are copied into Rust once
-            setattr(owner, child, QuantLinear(weight.matrix(), bias, precise=name == "lm_head.weight"))
+            # the blocks are copied into Rust once (and repacked there)
+            matrices = [w.matrix() for w in weight] if isinstance(weight, list) else weight.matrix()
+            setattr(owner, child, QuantLinear(matrices, bias, precise=name == "lm_head.weight"))

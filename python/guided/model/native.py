@@ -1,0 +1,155 @@
+"""The CPU step in native code: the loaded model handed to rust/decoder.rs.
+
+On a CPU, a step's every layer (norms, q/k/v, q/k norms, rotation, the KV
+write, paged attention, the output projection, residuals, the MLP or its
+experts) runs in one native call with the GIL released, over the packed
+quantized kernels (rust/packed.rs) or float32 weights. The decoder reads the
+model as decoder.py holds it, and what differs between architectures as data
+from the architecture's row (norm placement, q/k norms, activation,
+multipliers, soft-caps, windows, sinks, rotary tables), so every architecture
+that loads runs on it. decoder.py (torch) stays the CUDA path and the
+reference this one is tested against (``LLM(cpu_step="torch")``).
+
+``native_decoder`` says why a model cannot run natively (bf16 weights packed
+for oneDNN, tensor parallelism, another device) rather than guessing.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import _native
+from .cpu_linear import PackedLinear
+from .decoder import CausalLM, DecoderLayer
+from .moe import MoE
+from .quant_linear import QuantLinear
+
+#: LLM(cpu_step=...): "auto" runs natively where the model can, "native" insists, "torch" keeps decoder.py
+CPU_STEPS = ("auto", "native", "torch")
+
+
+class NotNative(ValueError):
+    """The model cannot run on the native CPU step; the message says why."""
+
+
+class NativeStep:
+    """A model's CPU step: ``forward(plan)`` gives the logits of the rows that
+    sample, float32 [R, V], and writes every row's K/V into the caches."""
+
+    def __init__(self, model: CausalLM, caches: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.model = model
+        #: the rotary tables in the order the layers name them
+        self.kinds = sorted(model.rotary)
+        self._tables: list[np.ndarray] = []   # numpy views of the tables, renewed when one grows
+        self.decoder = _native.CpuDecoder(
+            _spec(model), _embedding(model), [_layer(layer, self.kinds) for layer in model.layers],
+            _array(model.norm.weight), {**_linear(model.lm_head), "precise": _precise(model.lm_head)},
+            [(_cache(k), _cache(v)) for k, v in caches])
+
+    def forward(self, plan) -> np.ndarray:
+        rotary = [self.model.rotary[kind] for kind in self.kinds]
+        if any(t.length < plan.max_context_len for t in rotary) or len(self._tables) != len(rotary):
+            for t in rotary:
+                t.ensure(plan.max_context_len)
+            self._tables = [t.table.numpy() for t in rotary]
+        return self.decoder.forward(plan, self._tables)
+
+
+def native_decoder(model: nn.Module, device: torch.device, caches) -> NativeStep:
+    """The native step for `model`, or NotNative saying why it cannot run there."""
+    if device.type != "cpu":
+        raise NotNative(f"the native step runs on the CPU, not {device}")
+    if getattr(model, "tensor_group", None) is not None:
+        raise NotNative("a tensor-parallel rank runs decoder.py")
+    if _native.quant_kernels() is None:
+        raise NotNative("this CPU has no build of the native kernels (x86-64 with AVX2 needed)")
+    packed = [name for name, m in model.named_modules() if isinstance(m, PackedLinear)]
+    if packed:
+        raise NotNative("bfloat16 weights packed for oneDNN (an HF model on a bf16 CPU, or dtype=\"bfloat16\"): "
+                        "the native step takes GGUF blocks or float32 weights")
+    floats = {p.dtype for p in model.parameters() if p.device.type != "meta"}
+    if floats - {torch.float32}:
+        raise NotNative(f"weights in {', '.join(sorted(map(str, floats - {torch.float32})))}: "
+                        "the native step takes GGUF blocks or float32 weights")
+    if any(k.dtype != torch.float32 for k, _ in caches):
+        raise NotNative("the native step keeps its KV cache in float32")
+    return NativeStep(model, caches)
+
+
+def _spec(model: CausalLM) -> dict:
+    c = model.config
+    arch = c.arch
+    return {"hidden": c.hidden_size, "heads": c.num_heads, "kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "rotary_dim": c.rotary_dim, "eps": float(c.rms_norm_eps),
+            "norms": arch.norms, "qk_norm": c.qk_norm, "qk_norm_after_rope": arch.qk_norm_after_rope,
+            "activation": arch.activation, "swiglu_alpha": float(c.swiglu_alpha),
+            "swiglu_limit": float(c.swiglu_limit), "residual_multiplier": float(c.residual_multiplier),
+            "embedding_multiplier": float(c.embedding_multiplier),
+            "logit_multiplier": float(c.logit_multiplier),
+            "final_softcap": None if c.final_softcap is None else float(c.final_softcap)}
+
+
+def _embedding(model: CausalLM):
+    """The token table: the output head's quantized rows where the two are tied (what the
+    loader dequantized the embeddings from), else the float table, read in place."""
+    head = model.lm_head
+    if model.config.tie_word_embeddings and isinstance(head, QuantLinear) and len(head.matrices) == 1:
+        return head.matrices[0]
+    return _array(model.embed_tokens.weight)
+
+
+def _layer(layer: DecoderLayer, kinds: list[str]) -> dict:
+    out = {name: _array(getattr(layer, name).weight) if hasattr(layer, name) else None
+           for name in ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm")}
+    out.update(qkv=_linear(layer.qkv_proj), o=_linear(layer.o_proj),
+               mlp={"moe": _moe(layer.moe)} if layer.moe is not None else
+               {"gate_up": _linear(layer.gate_up_proj), "down": _linear(layer.down_proj)},
+               scale=float(layer.scores.scale), window=layer.scores.window,
+               softcap=None if layer.scores.softcap is None else float(layer.scores.softcap),
+               sinks=None if layer.sinks is None else _array(layer.sinks),
+               rope=None if layer.rope is None else kinds.index(layer.rope))
+    return out
+
+
+def _moe(moe: MoE) -> dict:
+    m = moe.config
+    held = hasattr(moe, "gate_up_q")
+
+    def expert(e: int) -> dict:
+        gate_up = _linear(moe.gate_up_q[e]) if held else {"parts": [_array(moe.gate_up[e])]}
+        down = _linear(moe.down_q[e]) if held else {"parts": [_array(moe.down[e])]}
+        if m.expert_bias:
+            gate_up["bias"], down["bias"] = _array(moe.gate_up_bias[e]), _array(moe.down_bias[e])
+        return {"gate_up": gate_up, "down": down}
+
+    shared = {"gate_up": {"parts": [_array(moe.shared_gate_up)]}, "down": {"parts": [_array(moe.shared_down)]}} \
+        if m.shared_intermediate_size else None
+    return {"router": _linear(moe.router), "scoring": m.scoring,
+            "selection_bias": _array(moe.router_bias) if m.scoring == "sigmoid" else None,
+            "top_k": m.top_k, "norm_topk_prob": m.norm_topk_prob, "routed_scaling": float(m.routed_scaling),
+            "groups": m.num_groups, "topk_groups": m.topk_groups,
+            "experts": [expert(e) for e in range(m.num_experts)], "shared": shared}
+
+
+def _linear(module: nn.Module) -> dict:
+    """{"parts": the stacked matrices, "bias": ...}: a QuantLinear's native matrices, or a float weight."""
+    if isinstance(module, QuantLinear):
+        parts = list(module.matrices)
+    elif isinstance(module, nn.Linear):
+        parts = [_array(module.weight)]
+    else:
+        raise NotNative(f"a {type(module).__name__} layer")
+    return {"parts": parts, "bias": None if module.bias is None else _array(module.bias)}
+
+
+def _precise(module: nn.Module) -> bool:
+    return isinstance(module, QuantLinear) and module.precise
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().float().numpy())
+
+
+def _cache(t: torch.Tensor) -> np.ndarray:
+    return t.numpy()   # the same memory: the decoder writes the runner's cache in place
