@@ -20,6 +20,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::attention::{self, Layout, Rows, Scores};
 use crate::dense::DenseMatrix;
+pub use crate::layer_ops::Activation;
+use crate::layer_ops::{activate_row, norm_rows, per_rows2, rms_norm, rms_norm_in_place, rotate, SendPtr, PARALLEL_ROWS};
+pub use crate::moe::{Routing, Scoring};
+use crate::moe::route;
 use crate::packed::Activations;
 use crate::pool;
 use crate::quant::QuantMatrix;
@@ -41,15 +45,6 @@ pub enum QkNorm {
     Head,
     /// over all heads at once (OLMo 2)
     Full,
-}
-
-/// The gated MLP's f(gate, up).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
-    Silu,
-    GeluTanh,
-    /// gpt-oss: gate clamped above, up on both sides, then (up + 1)·gate·σ(α·gate)
-    SwigluOai { alpha: f32, limit: f32 },
 }
 
 /// The model's shape and the architecture's choices.
@@ -159,31 +154,15 @@ impl Linear {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scoring {
-    /// a softmax over all experts, then the top k (Qwen3-MoE)
-    Softmax,
-    /// the top k logits, then a softmax over them (gpt-oss)
-    SoftmaxTopK,
-    /// sigmoids, chosen with a selection bias and expert groups (GLM-4.5)
-    Sigmoid,
-}
-
 pub struct Expert {
     pub gate_up: Linear,
     pub down: Linear,
 }
 
-/// A mixture-of-experts MLP (model/moe.py's).
+/// A mixture-of-experts MLP (model/moe.py's): a router, its routing, the experts.
 pub struct Moe {
     pub router: Linear,
-    pub selection_bias: Option<Vec<f32>>,
-    pub scoring: Scoring,
-    pub top_k: usize,
-    pub norm_topk_prob: bool,
-    pub routed_scaling: f32,
-    pub groups: usize,
-    pub topk_groups: usize,
+    pub routing: Routing,
     pub experts: Vec<Expert>,
     pub shared: Option<Expert>,
 }
@@ -459,8 +438,12 @@ impl Decoder {
                 Mlp::Dense(e) => check_expert(&at("mlp"), e, s.hidden)?,
                 Mlp::Moe(m) => {
                     width(&at("router"), &m.router, m.experts.len(), s.hidden)?;
-                    if m.top_k == 0 || m.top_k > m.experts.len() || m.groups == 0 || m.experts.len() % m.groups != 0 {
-                        return Err(at(&format!("top {} of {} experts in {} groups", m.top_k, m.experts.len(), m.groups)));
+                    let r = &m.routing;
+                    if r.top_k == 0 || r.top_k > m.experts.len() || r.groups == 0 || m.experts.len() % r.groups != 0 || r.topk_groups > r.groups {
+                        return Err(at(&format!("top {} of {} experts in {} groups", r.top_k, m.experts.len(), r.groups)));
+                    }
+                    if r.selection_bias.as_ref().is_some_and(|b| b.len() != m.experts.len()) {
+                        return Err(at("a selection bias that is not one per expert"));
                     }
                     for (e, expert) in m.experts.iter().chain(&m.shared).enumerate() {
                         check_expert(&at(&format!("expert {e}")), expert, s.hidden)?;
@@ -729,7 +712,7 @@ impl Decoder {
         mb.logits.resize(t * n, 0.0);
         m.router.forward(input, &mut mb.logits, bufs, Phase::Experts);
         // per token: its experts and weights, experts in ascending order (the order their outputs add up)
-        let mut chosen: Vec<Vec<(usize, f32)>> = mb.logits.chunks_exact(n).map(|l| route(m, l)).collect();
+        let mut chosen: Vec<Vec<(usize, f32)>> = mb.logits.chunks_exact(n).map(|l| route(&m.routing, l)).collect();
         chosen.iter_mut().for_each(|c| c.sort_by_key(|&(e, _)| e));
         let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n]; // (token, its k-th choice)
         for (tok, c) in chosen.iter().enumerate() {
@@ -737,7 +720,7 @@ impl Decoder {
                 by_expert[e].push((tok, k));
             }
         }
-        let k = m.top_k;
+        let k = m.routing.top_k;
         // each (token, choice)'s weighted output, summed per token in expert order after
         let mut results = vec![0f32; t * k * hidden];
         let (mut up, mut mid) = (std::mem::take(&mut mb.up), std::mem::take(&mut mb.mid));
@@ -854,225 +837,6 @@ impl QuantMatrix {
     }
 }
 
-/// Rows at which per-row work is split over the threads.
-const PARALLEL_ROWS: usize = 16;
-
-/// `f(a_rows, b_rows)` over matching chunks of rows of `a` [t, wa] and `b` [t, wb], on the pool where t is large.
-fn per_rows2(a: &mut [f32], b: &mut [f32], wa: usize, wb: usize, f: impl Fn(&mut [f32], &mut [f32]) + Sync) {
-    let t = a.len() / wa;
-    let b = &mut b[..t * wb];
-    if t < PARALLEL_ROWS {
-        f(a, b);
-        return;
-    }
-    let per = t.div_ceil(2 * pool::threads()).max(4);
-    let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
-    pool::run(t.div_ceil(per), &|c| {
-        let (s, e) = (c * per, ((c + 1) * per).min(t));
-        // SAFETY: chunks of rows are disjoint
-        unsafe { f(std::slice::from_raw_parts_mut(pa.get().add(s * wa), (e - s) * wa), std::slice::from_raw_parts_mut(pb.get().add(s * wb), (e - s) * wb)) };
-    });
-}
-
-/// `out` = RMSNorm of every row of `x` (rows of the weight's width).
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let n = w.len();
-    let t = x.len() / n;
-    if t < PARALLEL_ROWS {
-        for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            rms_norm(xr, w, eps, or);
-        }
-        return;
-    }
-    let per = t.div_ceil(2 * pool::threads()).max(4);
-    let po = SendPtr(out.as_mut_ptr());
-    pool::run(t.div_ceil(per), &|c| {
-        let (s, e) = (c * per, ((c + 1) * per).min(t));
-        // SAFETY: chunks of rows are disjoint
-        let out = unsafe { std::slice::from_raw_parts_mut(po.get().add(s * n), (e - s) * n) };
-        for (xr, or) in x[s * n..e * n].chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            rms_norm(xr, w, eps, or);
-        }
-    });
-}
-
-/// out = x / √(mean(x²) + eps) · w
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let scale = inv_rms(x, eps);
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * scale * g;
-    }
-}
-
-fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let scale = inv_rms(x, eps);
-    for (v, g) in x.iter_mut().zip(w) {
-        *v = *v * scale * g;
-    }
-}
-
-/// 1 / √(mean(x²) + eps), the sum of squares in eight partial sums (so it vectorizes).
-fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let mut acc = [0f32; 8];
-    let body = x.len() / 8 * 8;
-    for c in x[..body].chunks_exact(8) {
-        for i in 0..8 {
-            acc[i] += c[i] * c[i];
-        }
-    }
-    for (i, v) in x[body..].iter().enumerate() {
-        acc[i] += v * v;
-    }
-    let sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    1.0 / (sum / x.len() as f32 + eps).sqrt()
-}
-
-/// Rotate halves of the head's leading `cs.len()` values: [x1, x2] → [x1·cos − x2·sin, x2·cos + x1·sin].
-fn rotate(h: &mut [f32], cs: &[f32]) {
-    let half = cs.len() / 2;
-    let (cos, sin) = cs.split_at(half);
-    let (x1, rest) = h.split_at_mut(half);
-    let x2 = &mut rest[..half];
-    for i in 0..half {
-        let (a, b) = (x1[i], x2[i]);
-        x1[i] = a * cos[i] - b * sin[i];
-        x2[i] = b * cos[i] + a * sin[i];
-    }
-}
-
-/// m = f(g, u) elementwise: eight lanes at a time with AVX2 (the tail by the same lane operations).
-fn activate_row(act: Activation, g: &[f32], u: &[f32], m: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: avx2() checked the CPU
-        unsafe { activate_avx2(act, g, u, m) };
-        return;
-    }
-    for i in 0..m.len() {
-        m[i] = activate(act, g[i], u[i]);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn activate_avx2(act: Activation, g: &[f32], u: &[f32], m: &mut [f32]) {
-    use crate::simd::{sigmoid8, tanh8};
-    use std::arch::x86_64::*;
-    let f = |g: __m256, u: __m256| -> __m256 {
-        match act {
-            Activation::Silu => _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), u),
-            Activation::GeluTanh => {
-                let z = _mm256_mul_ps(_mm256_set1_ps(0.797_884_6), _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(0.044715), _mm256_mul_ps(g, _mm256_mul_ps(g, g)))));
-                let half = _mm256_mul_ps(_mm256_set1_ps(0.5), g);
-                _mm256_mul_ps(_mm256_mul_ps(half, _mm256_add_ps(_mm256_set1_ps(1.0), tanh8(z))), u)
-            }
-            Activation::SwigluOai { alpha, limit } => {
-                let g = _mm256_min_ps(g, _mm256_set1_ps(limit));
-                let u = _mm256_max_ps(_mm256_min_ps(u, _mm256_set1_ps(limit)), _mm256_set1_ps(-limit));
-                let glu = _mm256_mul_ps(g, sigmoid8(_mm256_mul_ps(g, _mm256_set1_ps(alpha))));
-                _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(1.0)), glu)
-            }
-        }
-    };
-    let n = m.len();
-    let mut i = 0;
-    while i + 8 <= n {
-        _mm256_storeu_ps(m.as_mut_ptr().add(i), f(_mm256_loadu_ps(g.as_ptr().add(i)), _mm256_loadu_ps(u.as_ptr().add(i))));
-        i += 8;
-    }
-    for j in i..n {
-        m[j] = _mm256_cvtss_f32(f(_mm256_set1_ps(g[j]), _mm256_set1_ps(u[j])));
-    }
-}
-
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static FAST: OnceLock<bool> = OnceLock::new();
-        *FAST.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn activate(act: Activation, g: f32, u: f32) -> f32 {
-    match act {
-        Activation::Silu => g / (1.0 + (-g).exp()) * u,
-        Activation::GeluTanh => {
-            const K: f32 = 0.797_884_6; // √(2/π)
-            0.5 * g * (1.0 + (K * (g + 0.044715 * g * g * g)).tanh()) * u
-        }
-        Activation::SwigluOai { alpha, limit } => {
-            let (g, u) = (g.min(limit), u.clamp(-limit, limit));
-            (u + 1.0) * (g / (1.0 + (-g * alpha).exp()))
-        }
-    }
-}
-
-/// A token's experts and their weights, from its router logits.
-fn route(m: &Moe, logits: &[f32]) -> Vec<(usize, f32)> {
-    let n = logits.len();
-    let top = |scores: &[f32], k: usize| -> Vec<usize> {
-        let mut idx: Vec<usize> = (0..scores.len()).collect();
-        // highest first; equal scores keep the lower index first
-        idx.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
-        idx.truncate(k);
-        idx
-    };
-    let mut chosen: Vec<(usize, f32)> = match m.scoring {
-        Scoring::Softmax => {
-            let p = softmax(logits);
-            top(&p, m.top_k).into_iter().map(|e| (e, p[e])).collect()
-        }
-        Scoring::SoftmaxTopK => {
-            let experts = top(logits, m.top_k);
-            let picked: Vec<f32> = experts.iter().map(|&e| logits[e]).collect();
-            experts.into_iter().zip(softmax(&picked)).collect()
-        }
-        Scoring::Sigmoid => {
-            let scores: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
-            let mut choice: Vec<f32> = match &m.selection_bias {
-                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
-                None => scores.clone(),
-            };
-            if m.groups > 1 {
-                let size = n / m.groups;
-                let group_scores: Vec<f32> = choice
-                    .chunks_exact(size)
-                    .map(|g| {
-                        let best = top(g, 2.min(size));
-                        best.iter().map(|&i| g[i]).sum()
-                    })
-                    .collect();
-                let keep = top(&group_scores, m.topk_groups);
-                for (gi, g) in choice.chunks_exact_mut(size).enumerate() {
-                    if !keep.contains(&gi) {
-                        g.fill(f32::NEG_INFINITY);
-                    }
-                }
-            }
-            top(&choice, m.top_k).into_iter().map(|e| (e, scores[e])).collect()
-        }
-    };
-    if m.norm_topk_prob {
-        let eps = if m.scoring == Scoring::Sigmoid { 1e-20 } else { 0.0 };
-        let sum: f32 = chosen.iter().map(|c| c.1).sum::<f32>() + eps;
-        chosen.iter_mut().for_each(|c| c.1 /= sum);
-    }
-    chosen.iter_mut().for_each(|c| c.1 *= m.routed_scaling);
-    chosen
-}
-
-fn softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f32> = x.iter().map(|v| (v - max).exp()).collect();
-    let sum: f32 = e.iter().sum();
-    e.iter().map(|v| v / sum).collect()
-}
-
 fn check_len(what: &str, v: Option<&Vec<f32>>, n: usize) -> Result<(), String> {
     match v {
         Some(v) if v.len() != n => Err(format!("{what} has {} values, not {n}", v.len())),
@@ -1090,13 +854,3 @@ fn check_expert(what: &str, e: &Expert, hidden: usize) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}

@@ -11,7 +11,9 @@ pub mod decoder;
 pub mod dense;
 pub mod device_sampling;
 pub mod grammar;
+pub mod layer_ops;
 pub mod masks;
+pub mod moe;
 pub mod packed;
 pub mod pool;
 pub mod quant;
@@ -32,5 +34,7 @@ mod python_cuda;
 mod python_decoder;
 #[cfg(feature = "python")]
 mod python_grammar;
+#[cfg(feature = "python")]
+mod python_plan;
 #[cfg(feature = "python")]
 mod python_quant;

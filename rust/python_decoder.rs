@@ -11,9 +11,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::attention::Scores;
-use crate::decoder::{Activation, Borrowed, Cache, Decoder, Embedding, Expert, Layer, Linear, Mlp, Moe, Norms, QkNorm, Scoring, Spec, Step, Weight};
+use crate::decoder::{Activation, Borrowed, Cache, Decoder, Embedding, Expert, Layer, Linear, Mlp, Moe, Norms, QkNorm, Routing, Scoring, Spec, Step, Weight};
 use crate::dense::DenseMatrix;
-use crate::python::PyStepPlan;
+use crate::python_plan::PyStepPlan;
 use crate::python_quant::PyQuantMatrix;
 
 fn err(what: &str, e: impl std::fmt::Display) -> PyErr {
@@ -91,18 +91,16 @@ fn moe(d: &Bound<'_, PyDict>) -> PyResult<Moe> {
         Some(s) => Some(expert(&s, "shared expert")?),
         None => None,
     };
-    Ok(Moe {
-        router: linear(d, "router", false)?,
-        selection_bias: floats(d, "selection_bias")?,
+    let routing = Routing {
         scoring,
+        selection_bias: floats(d, "selection_bias")?,
         top_k: required(d, "top_k")?,
         norm_topk_prob: required(d, "norm_topk_prob")?,
         routed_scaling: required(d, "routed_scaling")?,
         groups: required(d, "groups")?,
         topk_groups: required(d, "topk_groups")?,
-        experts,
-        shared,
-    })
+    };
+    Ok(Moe { router: linear(d, "router", false)?, routing, experts, shared })
 }
 
 fn layer(d: &Bound<'_, PyDict>) -> PyResult<Layer> {
