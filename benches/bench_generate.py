@@ -11,10 +11,16 @@ line saying so, where it is not installed. Its `Llama` runs one sequence at a
 time, so it is measured at batch 1.
 
 Prefill time is the time to the first generated token; decode throughput is
-(batch × (new_tokens − 1)) / (time for new_tokens − time for one token). Both
+(batch × (new_tokens − 1)) / (time for new_tokens − time for one token). All
 engines run greedy with end tokens ignored, so they produce the same number
-of tokens. Prints one row per (engine, dtype, batch) and guided/transformers
-ratios.
+of tokens; the runs are interleaved (each repetition runs every engine) and
+the best repetition counts. guided runs its CPU default (the GGUF's blocks,
+the native step), the same blocks through the torch step (what the CPU step
+was before rust/decoder.rs; --no-torch-step leaves it out) and float32.
+Prints one row per (engine, dtype, batch), guided/llama.cpp and
+guided/transformers ratios, and a profile of the native step's decode at
+each batch: ms per phase and the share of the step outside the matmul and
+attention kernels.
 """
 from __future__ import annotations
 
@@ -41,20 +47,11 @@ def prompts(batch: int) -> list[str]:
     return [f"[{i:02d}] " + PROMPT_WORDS * 2 for i in range(batch)]
 
 
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def dtype_label(llm: LLM) -> str:
     act, weight, kv = (str(d).removeprefix("torch.") for d in (
         llm.loaded.dtype, llm.loaded.weight_dtype, llm.loaded.kv_dtype))
     if llm.loaded.weight_formats:
-        return f"{'+'.join(llm.loaded.weight_formats)} via ggml {_native.quant_kernels()}"
+        return "+".join(llm.loaded.weight_formats)
     return act if act == weight == kv else f"{act}, {weight} weights and KV"
 
 
@@ -99,10 +96,28 @@ def llama_cpp_run(path: Path, prompt: str, threads: int):
     return gen
 
 
-def timed(llm_generate, new_tokens: int, repeat: int) -> tuple[float, float]:
-    first = best_of(lambda: llm_generate(1), repeat)
-    full = best_of(lambda: llm_generate(new_tokens), repeat)
-    return first, full
+#: the step's phases that are matmul or attention kernels (CpuDecoder.profile); the rest is
+#: norms, rotation, activations, embedding lookups and activation quantization
+KERNEL_PHASES = ("qkv_matmul", "o_matmul", "gate_up_matmul", "down_matmul", "lm_head", "attention")
+
+
+def profile_decode(llm: LLM, ps: list[str], n: int) -> dict[str, float]:
+    """Per decode step of the native step: ms per phase, the step's wall time, and the
+    share of the step outside the matmul and attention kernels (engine included)."""
+    decoder = llm.engine.runner.native.decoder
+    params = lambda k: SamplingParams(max_tokens=k, ignore_eos=True)  # noqa: E731
+    taken = {}
+    for k in (1, n):
+        decoder.profile(True)
+        start = time.perf_counter()
+        llm.generate(ps, params(k), use_tqdm=False)
+        wall = time.perf_counter() - start
+        taken[k] = {**decoder.profile(False), "wall": wall}
+    steps = n - 1
+    out = {k: (taken[n][k] - taken[1][k]) * 1000 / steps for k in taken[n] if k not in ("steps", "rows")}
+    kernels = sum(out[k] for k in KERNEL_PHASES)
+    out["outside_kernels_share"] = 1 - kernels / out["wall"]
+    return out
 
 
 def main() -> None:
@@ -111,6 +126,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-torch-step", action="store_true",
+                    help="leave out guided's torch step on the same blocks (the CPU step before the native one)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -121,20 +138,18 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # Prefix caching off: every repeat must prefill from scratch, as transformers does.
-    engines = {"float32": LLM(str(path), dtype="float32", enable_prefix_caching=False,
-                              max_num_seqs=max(args.batches))}
-    if _native.quant_kernels() is not None:
-        engines["gguf"] = LLM(str(path), dtype="gguf", enable_prefix_caching=False,
-                              max_num_seqs=max(args.batches))
-    default = LLM(str(path), enable_prefix_caching=False, max_num_seqs=max(args.batches))
-    if default.loaded.weight_formats or default.loaded.weight_dtype != torch.float32:
-        engines[f"default ({dtype_label(default)})"] = default  # guided's own default here
-    else:
-        del default
+    common = dict(enable_prefix_caching=False, max_num_seqs=max(args.batches))
+    engines = {}
+    default = LLM(str(path), **common)
+    native = default.engine.runner.native is not None
+    engines[f"default ({dtype_label(default)}, {'native' if native else 'torch'} step)"] = default
+    if native and not args.no_torch_step:
+        engines["same blocks, torch step"] = LLM(str(path), cpu_step="torch", **common)
+    engines["float32"] = LLM(str(path), dtype="float32", **common)
 
-    print("CPU:", cpu_flags())
+    print("CPU:", cpu_flags(), "| guided's packed kernels:", _native.packed_kernels())
     llama_gen = llama_cpp_run(path, prompts(1)[0], torch.get_num_threads())
-    rows = []
+    rows, profiles = [], {}
     for batch in args.batches:
         ps = prompts(batch)
         ids = torch.tensor([tok.encode(p) for p in ps])
@@ -149,12 +164,24 @@ def main() -> None:
             runs.append(("llama.cpp", "the GGUF's blocks", llama_gen))
         for dtype, llm in engines.items():
             runs.append(("guided", dtype, lambda n, llm=llm: llm.generate(
-                ps, SamplingParams(max_tokens=n, ignore_eos=True))))
-        for name, dtype, gen in runs:
+                ps, SamplingParams(max_tokens=n, ignore_eos=True), use_tqdm=False)))
+        for _, _, gen in runs:
             gen(4)  # warm-up
-            first, full = timed(gen, args.new_tokens, args.repeat)
-            decode_tps = batch * (args.new_tokens - 1) / (full - first)
-            rows.append((name, dtype, batch, first * 1000, decode_tps))
+        # interleaved: each repetition runs every engine once, so a slow spell of the
+        # machine falls on all of them; the best of the repetitions is kept
+        first = {name + dtype: [] for name, dtype, _ in runs}
+        full = {name + dtype: [] for name, dtype, _ in runs}
+        for _ in range(args.repeat):
+            for name, dtype, gen in runs:
+                for n, into in ((1, first), (args.new_tokens, full)):
+                    start = time.perf_counter()
+                    gen(n)
+                    into[name + dtype].append(time.perf_counter() - start)
+        for name, dtype, _ in runs:
+            t1, tn = min(first[name + dtype]), min(full[name + dtype])
+            rows.append((name, dtype, batch, t1 * 1000, batch * (args.new_tokens - 1) / (tn - t1)))
+        if native:
+            profiles[batch] = profile_decode(default, ps, min(args.new_tokens, 64))
 
     print(f"\n{path.name}, CPU, {torch.get_num_threads()} threads, "
           f"{args.new_tokens} new tokens, prompt {ids.shape[1]} tokens; peak RSS of the run "
@@ -175,10 +202,20 @@ def main() -> None:
         for ours in (r for r in rows if r[0] == "guided" and r[2] == batch):
             print(f"batch {batch:>2}, guided {ours[1]:<{width}} vs transformers float32: "
                   f"decode {ours[4] / ref[4]:.2f}x, prefill {ref[3] / ours[3]:.2f}x")
+    for batch, prof in profiles.items():
+        print(f"\nthe native step at batch {batch}, per decode step: {prof['wall']:.2f} ms in all, "
+              f"{prof['total']:.2f} ms in the step's native call; outside the matmul and attention "
+              f"kernels (engine included): {100 * prof['outside_kernels_share']:.1f}%")
+        for phase, ms in sorted(((k, v) for k, v in prof.items()
+                                 if k not in ("wall", "total", "outside_kernels_share")), key=lambda kv: -kv[1]):
+            print(f"  {phase:<24}{ms:8.3f} ms {100 * ms / prof['wall']:6.1f}%")
+        print(f"  {'engine (Python, sampling)':<24}{prof['wall'] - prof['total']:8.3f} ms "
+              f"{100 * (prof['wall'] - prof['total']) / prof['wall']:6.1f}%")
     write_json(args.json, "bench_generate", args,
                [dict(zip(("engine", "dtype", "batch", "prefill_ms", "decode_tok_s"), r)) for r in rows],
                threads=torch.get_num_threads(), prompt_tokens=ids.shape[1], peak_rss_mb=peak_rss_mb(),
-               weights_mb={label: weight_mb(llm) for label, llm in engines.items()})
+               weights_mb={label: weight_mb(llm) for label, llm in engines.items()},
+               native_step_profile_ms={str(b): p for b, p in profiles.items()})
 
 
 if __name__ == "__main__":

@@ -195,10 +195,14 @@ impl PackedMatrix {
                 let end = ((rc + 1) * row_chunk).min(arows);
                 while r0 < end {
                     let n = rows_per_call.min(end - r0);
-                    let mut tile = Tile { rec, record, blocks: self.blocks, q: [std::ptr::null(); MAX_ROWS], d: [std::ptr::null(); MAX_ROWS], s: [std::ptr::null(); MAX_ROWS], out: [std::ptr::null_mut(); MAX_ROWS] };
+                    let null = std::ptr::null();
+                    let mut tile = Tile { rec, record, blocks: self.blocks, q: [null; MAX_ROWS], u: [std::ptr::null(); MAX_ROWS], d: [std::ptr::null(); MAX_ROWS], s: [std::ptr::null(); MAX_ROWS], out: [std::ptr::null_mut(); MAX_ROWS] };
                     for i in 0..n {
                         let r = r0 + i;
                         tile.q[i] = act.q[r * act.cols..].as_ptr();
+                        if !act.u.is_empty() {
+                            tile.u[i] = act.u[r * act.cols..].as_ptr();
+                        }
                         tile.d[i] = act.d[r * self.blocks..].as_ptr();
                         tile.s[i] = act.s[r * self.blocks..].as_ptr();
                         // SAFETY: (row r, group g) outputs are this task's alone
@@ -389,13 +393,15 @@ pub struct Activations {
     pub cols: usize,
     pub precise: bool,
     q: Vec<i8>,
+    /// q + 128 as unsigned bytes, for VNNI's unsigned × signed products with 8-bit weights
+    u: Vec<u8>,
     d: Vec<f32>,
     s: Vec<f32>,
 }
 
 impl Activations {
     pub fn new() -> Self {
-        Activations { rows: 0, cols: 0, precise: false, q: Vec::new(), d: Vec::new(), s: Vec::new() }
+        Activations { rows: 0, cols: 0, precise: false, q: Vec::new(), u: Vec::new(), d: Vec::new(), s: Vec::new() }
     }
 
     /// The input rows (half of `rows` when precise).
@@ -417,12 +423,24 @@ impl Activations {
         self.cols = cols;
         self.precise = precise;
         self.q.resize(rows * cols, 0);
+        let unsigned = isa() == Isa::Vnni;
+        self.u.resize(if unsigned { rows * cols } else { 0 }, 0);
         self.d.resize(rows * blocks, 0.0);
         self.s.resize(rows * blocks, 0.0);
         let (q, d, s) = (SendPtr(self.q.as_mut_ptr().cast()), SendPtr(self.d.as_mut_ptr().cast()), SendPtr(self.s.as_mut_ptr().cast()));
+        let u = SendPtr(self.u.as_mut_ptr());
         let per = if batch >= 16 { 4 } else { batch.max(1) };
         let work = |chunk: usize| {
-            let (q, d, s) = (q, d, s);
+            let (q, d, s, u) = (q, d, s, u);
+            // q + 128 beside q, for VNNI (one pass over the row's bytes, which are in cache)
+            let flip = |r: usize| {
+                if unsigned {
+                    for i in 0..cols {
+                        // SAFETY: row r is this chunk's alone
+                        unsafe { *u.get().add(r * cols + i) = (*(q.get() as *const i8).add(r * cols + i) as u8) ^ 0x80 };
+                    }
+                }
+            };
             for b in chunk * per..((chunk + 1) * per).min(batch) {
                 let src = &x[b * cols..][..cols];
                 let mut rest = [0f32; BLOCK];
@@ -451,6 +469,11 @@ impl Activations {
                         };
                         quantize_block(&rest, qr, dr, sr);
                     }
+                }
+                let r = if precise { 2 * b } else { b };
+                flip(r);
+                if precise {
+                    flip(r + 1);
                 }
             }
         };
@@ -542,6 +565,8 @@ struct Tile {
     record: usize,
     blocks: usize,
     q: [*const i8; MAX_ROWS],
+    /// the rows' q + 128 (VNNI only; null elsewhere)
+    u: [*const u8; MAX_ROWS],
     d: [*const f32; MAX_ROWS],
     s: [*const f32; MAX_ROWS],
     out: [*mut f32; MAX_ROWS],
@@ -562,6 +587,18 @@ pub enum Isa {
     Vnni,
 }
 
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Vnni => "avx512_vnni",
+        }
+    }
+}
+
+/// The ISA the packed kernels run with: AVX-512 VNNI where the CPU has it,
+/// else AVX2 (`GUIDED_PACKED_ISA=avx2` forces AVX2 on a VNNI CPU), else the scalar reference.
 pub fn isa() -> Isa {
     use std::sync::OnceLock;
     static ISA: OnceLock<Isa> = OnceLock::new();
@@ -772,7 +809,6 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
     let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let qat = p.quants_at();
     let low = _mm256_set1_epi8(0x0F);
-    let flip = _mm256_set1_epi8(-128);
     let ones8 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
@@ -799,7 +835,7 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
                 let s = if SUBS == 2 { g / 4 } else { 0 };
                 wsum[s] = _mm256_dpbusd_epi32(wsum[s], ones8, w);
                 for r in 0..R {
-                    let a = _mm256_xor_si256(broadcast4(t.q[r].add(b * BLOCK + 4 * g)), flip);
+                    let a = broadcast4(t.u[r].add(b * BLOCK + 4 * g) as *const i8);
                     isum[r][s] = _mm256_dpbusd_epi32(isum[r][s], a, w);
                 }
             }

@@ -326,6 +326,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(crate::python_quant::quant_formats, m)?)?;
     m.add_function(wrap_pyfunction!(crate::python_quant::ggml_quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(crate::python_quant::packed_kernels, m)?)?;
     m.add_class::<crate::python_decoder::PyCpuDecoder>()?;
     m.add_function(wrap_pyfunction!(crate::python_attention::cpu_paged_attention, m)?)?;
     crate::python_cuda::register(m)?;

@@ -119,6 +119,12 @@ pub fn quant_kernels() -> Option<&'static str> {
     quant::kernels().map(|k| k.level)
 }
 
+/// The ISA the multi-row packed kernels run with here: "avx512_vnni", "avx2" or "scalar".
+#[pyfunction]
+pub fn packed_kernels() -> &'static str {
+    crate::packed::isa().name()
+}
+
 /// The ggml type ids that have a quantized CPU kernel, by name.
 #[pyfunction]
 pub fn quant_formats() -> Vec<(&'static str, u32)> {

@@ -19,7 +19,7 @@ from guided.sampling_params import SamplingParams
 
 __all__ = ["CpuDecoder", "DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
            "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
-           "cuda_paged_decode", "cuda_status", "cuda_write_kv", "ggml_quantize", "quant_formats", "quant_kernels",
+           "cuda_paged_decode", "cuda_status", "cuda_write_kv", "ggml_quantize", "packed_kernels", "quant_formats", "quant_kernels",
            "reference_adjust_logits", "reference_masked_sample", "reference_paged_decode"]
 
 #: a torch tensor as the CUDA launchers take it (python/guided/cuda_ops.py):
@@ -369,6 +369,10 @@ class QuantMatrix:
         """Whether the multi-row kernels run it (else ggml's one-row dot products)."""
     def dequantize(self, out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
         """The dense [rows, cols] matrix: ggml's dequantized values, into ``out`` if given."""
+
+def packed_kernels() -> str:
+    """The ISA the multi-row packed kernels run with here: "avx512_vnni", "avx2" (also
+    where ``GUIDED_PACKED_ISA=avx2`` forces it) or "scalar"."""
 
 def ggml_quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
     """A float32 [rows, cols] matrix as ggml rows of ``ggml_type`` (a GGUF tensor's bytes),

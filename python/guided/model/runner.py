@@ -136,7 +136,6 @@ class ModelRunner:
                              "GiB leaves no room for a KV cache; pass kv_cache_tokens")
         return int(budget)
 
-    @torch.inference_mode()
     def execute(self, plan) -> np.ndarray | torch.Tensor | None:
         """The forward pass of one step (a ``_native.StepPlan``): the KV cache
         is written for every scheduled token, and the logits of the rows that
@@ -144,9 +143,13 @@ class ModelRunner:
         on the device where it samples there (None if no row samples, and on
         tensor-parallel ranks other than 0, which take
         ``parallel.StepArrays``)."""
-        if self.native is not None:
+        if self.native is not None:   # no torch in the step: not even its inference-mode guard
             logits = self.native.forward(plan)
             return logits if len(logits) else None
+        return self._torch_step(plan)
+
+    @torch.inference_mode()
+    def _torch_step(self, plan) -> np.ndarray | torch.Tensor | None:
         threads, before = self._step_threads(), torch.get_num_threads()
         if threads is not None and threads != before:
             torch.set_num_threads(threads)
@@ -178,12 +181,15 @@ class ModelRunner:
             return logits.float().contiguous()
         return logits.float().cpu().numpy()
 
-    @torch.inference_mode()
     def sample(self, scheduler, logits):
         """The step's draws (tokens, logprobs, tops: ``Scheduler.sample``'s
         shape) from the logits ``execute`` returned."""
         if isinstance(logits, np.ndarray):
             return scheduler.sample(logits)
+        return self._sample_device(scheduler, logits)
+
+    @torch.inference_mode()
+    def _sample_device(self, scheduler, logits):
         if scheduler.speculating():   # drafts are checked on the host, row by row
             return scheduler.sample(logits.float().cpu().numpy())
         return self.sampler.sample(scheduler, logits)

@@ -34,7 +34,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "attention and the KV write in guided's CUDA kernels where the build has "
                          "them (said at start), the logits copied to the host for the sampler")
     ap.add_argument("--dtype", default=None, help="float32, bfloat16, float16, or gguf (a GGUF's own quantized "
-                         "weights through ggml's kernels, on the CPU: the default there for a GGUF)")
+                         "weights, repacked for guided's multi-row kernels, on the CPU: the default there "
+                         "for a GGUF)")
+    ap.add_argument("--cpu-step", default="auto", choices=["auto", "native", "torch"],
+                    help="on the CPU: auto runs every layer of a step as native code for a GGUF kept "
+                         "in its blocks; native for any model it can run (float32 too); torch runs "
+                         "the torch decoder (the reference)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -115,7 +120,8 @@ def main(argv=None) -> None:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
               chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size,
-              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens)
+              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+              cpu_step=args.cpu_step)
     names = served_names(args.served_model_name, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,

@@ -139,8 +139,11 @@ def run_fleet(args, argv: list[str]) -> None:
     rest = replica_argv(argv)
     events = _kv_events(args, urls) if args.router_policy == "kv_aware" else None
     env = dict(os.environ)
-    # the replicas share this machine's cores: one torch thread pool each, split
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.replicas)))
+    # the replicas share this machine's cores: each one's torch threads and native kernel
+    # threads (rust/pool.rs, rayon's count) split them
+    share = str(max(1, (os.cpu_count() or 1) // args.replicas))
+    env.setdefault("OMP_NUM_THREADS", share)
+    env.setdefault("RAYON_NUM_THREADS", share)
     procs: list[subprocess.Popen] = []
 
     def stop(signum=None, _frame=None, code: int = 0):
