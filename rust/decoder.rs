@@ -24,7 +24,7 @@ pub use crate::layer_ops::Activation;
 use crate::layer_ops::{activate_row, norm_rows, per_rows2, rms_norm, rms_norm_in_place, rotate, SendPtr, PARALLEL_ROWS};
 pub use crate::moe::{Routing, Scoring};
 use crate::moe::route;
-use crate::packed::Activations;
+use crate::activations::Activations;
 use crate::pool;
 use crate::quant::QuantMatrix;
 

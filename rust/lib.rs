@@ -1,6 +1,7 @@
 //! Native core of guided: everything that runs once per token for every
 //! sequence. Pure Rust; the PyO3 layer in `python.rs` only translates.
 
+pub mod activations;
 pub mod attention;
 pub mod block_manager;
 pub mod closing;

@@ -21,7 +21,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::packed::{f16_to_f32, Activations, PackedMatrix};
+use crate::activations::Activations;
+use crate::packed::{f16_to_f32, PackedMatrix};
 use crate::pool;
 
 type VecDot = unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);

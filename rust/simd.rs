@@ -1,8 +1,52 @@
-//! Small AVX2 building blocks the CPU step shares: lane sums in a fixed
-//! order, and e^x for eight lanes (attention's softmax, the activations).
+//! What the CPU step's kernels share: the ISA they run with (picked once, at
+//! run time), and small AVX2 building blocks: lane sums in a fixed order, and
+//! e^x for eight lanes (attention's softmax, the activations).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+/// The ISA the packed kernels run with here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Vnni,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Vnni => "avx512_vnni",
+        }
+    }
+}
+
+/// The ISA the packed kernels run with: AVX-512 VNNI where the CPU has it,
+/// else AVX2 (`GUIDED_PACKED_ISA=avx2` forces AVX2 on a VNNI CPU), else the scalar reference.
+pub fn isa() -> Isa {
+    use std::sync::OnceLock;
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            let vnni = avx2 && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f");
+            if std::env::var("GUIDED_PACKED_ISA").as_deref() == Ok("avx2") && avx2 {
+                return Isa::Avx2;
+            }
+            if vnni {
+                return Isa::Vnni;
+            }
+            if avx2 {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    })
+}
+
 
 /// The sums of four vectors' lanes, each as ((s0 + s2) + (s1 + s3)) of s = low half + high half:
 /// a vector's sum is the same bits whichever three others it is reduced with.
