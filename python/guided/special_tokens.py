@@ -5,10 +5,11 @@ Sources, in order: the tokenizer's added tokens; the ids the model files
 declare (tokenizer_config.json, generation_config.json, config.json, GGUF
 metadata); the chat template (the token that ends an assistant turn in a
 render is an end token whatever the metadata says); and, where the files are
-silent, the marker roles below and the tool-call markers of the format table
-(chat/tool_formats.py). Every other module asks the registry
-(``registry.id("tool_call_start")``, ``registry.end_ids``) and never matches
-token text itself.
+silent, the marker roles below. The tool-call format table
+(chat/tool_formats.py) asks for its other markers by their text: ``id(role)``
+answers a role, else the added token of that exact text. Every other module
+asks the registry (``registry.id("tool_call_start")``, ``registry.end_ids``)
+and never matches token text itself.
 """
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ KNOWN_END_TEXTS = frozenset({
     "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
 })
 
-# Markers no tool-call format writes: text → the role other modules ask
-# for. The tool-call markers are the format table's (tool_marker_rows).
+# Markers other modules ask for by a role: text → role. The tool-call format
+# table's other markers are asked for by their text (SpecialTokens.id).
 MARKER_ROLES: Mapping[str, str] = MappingProxyType({
+    # Hermes / Qwen tool calls (chat/tool_formats.py's TOOL_CALL_START and TOOL_CALL_END)
+    "<tool_call>": "tool_call_start", "</tool_call>": "tool_call_end",
     # reasoning
     "<think>": "reasoning_start", "</think>": "reasoning_end",
     "[THINK]": "reasoning_start", "[/THINK]": "reasoning_end",
@@ -55,13 +58,6 @@ MARKER_ROLES: Mapping[str, str] = MappingProxyType({
 })
 
 
-def tool_marker_rows() -> tuple[tuple[str, str], ...]:
-    """(text, role) of every marker the tool-call format table writes: the
-    table spells them, the registry finds them among the added tokens."""
-    from .chat.tool_formats import MARKERS   # here: the chat layer imports this module
-    return tuple((m.text, m.role) for m in MARKERS)
-
-
 @dataclass(frozen=True)
 class SpecialTokens:
     """Added tokens of one model, classified once at load time.
@@ -73,9 +69,11 @@ class SpecialTokens:
     end_ids: frozenset[int]
     control_ids: frozenset[int]
     texts: Mapping[int, str]                  # id → text, for every added token
-    roles: Mapping[str, int] = field(default_factory=dict)   # role → id: MARKER_ROLES, tool markers
+    roles: Mapping[str, int] = field(default_factory=dict)   # role → id: MARKER_ROLES
     bos_id: int | None = None
     pad_id: int | None = None
+    #: text → id of every added token (the lowest id where two share a text)
+    by_text: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def classify(cls, tokenizer: Tokenizer, declared_end_ids: set[int],
@@ -87,33 +85,32 @@ class SpecialTokens:
         if not ends:
             raise ValueError("the model declares no end token; generation could never stop")
         roles: dict[str, int] = {}
-        for text, role in (*MARKER_ROLES.items(), *tool_marker_rows()):
+        for text, role in MARKER_ROLES.items():
             if text in ids:
                 roles.setdefault(role, ids[text])
         return cls(end_ids=frozenset(ends), control_ids=frozenset(texts),
                    texts=MappingProxyType(texts), roles=MappingProxyType(roles),
                    bos_id=ids.get(bos_token) if bos_token else None,
-                   pad_id=ids.get(pad_token) if pad_token else None)
+                   pad_id=ids.get(pad_token) if pad_token else None, by_text=MappingProxyType(ids))
 
     def with_end_ids(self, extra: set[int]) -> "SpecialTokens":
         """The registry with more end tokens (found in the chat template)."""
         return SpecialTokens(self.end_ids | frozenset(extra), self.control_ids, self.texts,
-                             self.roles, self.bos_id, self.pad_id)
+                             self.roles, self.bos_id, self.pad_id, self.by_text)
 
     # -- questions the other layers ask --------------------------------
 
     def id(self, role: str) -> int | None:
-        return self.roles.get(role)
+        """The token of a role (MARKER_ROLES), else the added token spelled ``role``."""
+        found = self.roles.get(role)
+        return found if found is not None else self.by_text.get(role)
 
     def text(self, token_id: int) -> str:
         return self.texts[token_id]
 
     def id_of_text(self, text: str) -> int | None:
         """The added token whose text is exactly ``text``, if any."""
-        for tid, t in self.texts.items():
-            if t == text:
-                return tid
-        return None
+        return self.by_text.get(text)
 
     @property
     def reasoning_ids(self) -> tuple[int, int] | None:

@@ -75,6 +75,21 @@ def test_deepseek_registry(deepseek):
     assert chat.tools.format.name == "text_envelope"
 
 
+def test_the_registry_finds_every_marker_the_format_table_writes(deepseek):
+    """The format table spells its markers; the registry answers each by its
+    name where the table gives one (the registry's own MARKER_ROLES, which
+    must agree) and by its text otherwise."""
+    from guided.chat.tool_formats import MARKERS
+    from guided.special_tokens import MARKER_ROLES
+    named = {m.text: m.name for m in MARKERS if m.name}
+    assert named and all(MARKER_ROLES.get(text) == name for text, name in named.items()), named
+    s = deepseek[0].special
+    for marker in MARKERS:
+        tid = s.id(marker.role)
+        assert (tid is not None) == (marker.text in s.by_text), marker
+        assert tid is None or s.text(tid) == marker.text, marker
+
+
 def test_generation_prompt_opening_reasoning_starts_the_grammar_inside(deepseek):
     _, info = deepseek
     from helpers.families import BY_NAME, template_text

@@ -23,8 +23,9 @@ from ..special_tokens import SpecialTokens
 class Special:
     """A marker: the model's added token spelled ``text`` where it has one,
     else that text (the template writes the marker as text). This table is
-    the one place a tool-call marker is spelled; the registry's tool rows
-    are built from it (MARKERS)."""
+    the one place a tool-call marker is spelled; the registry finds it among
+    the added tokens by its text, or by its name where it has one (the
+    registry's MARKER_ROLES)."""
 
     text: str
     #: the registry's name for the marker where other modules ask for it by
@@ -370,8 +371,7 @@ def specials(fmt: ToolFormat) -> tuple[Special, ...]:
     return tuple(p for p in (*fmt.open, *fmt.call, *fmt.sep, *fmt.close, *args) if isinstance(p, Special))
 
 
-#: Every marker the table writes, once: the registry's tool rows
-#: (special_tokens.tool_marker_rows).
+#: Every marker the table writes, once.
 MARKERS: tuple[Special, ...] = tuple(dict.fromkeys(p for fmt in TABLE for p in specials(fmt)))
 
 #: For templates and tokenizers with no tool support: the envelope is plain
