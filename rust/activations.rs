@@ -3,7 +3,7 @@
 //! rounded to nearest (ties to even), and the scaled sum of each block's
 //! values for the formats with offsets.
 
-use crate::pool;
+use crate::pool::{self, SendPtr};
 use crate::simd::{isa, Isa};
 
 /// Columns per block (activations and packed weights).
@@ -179,18 +179,6 @@ fn quantize_block_scalar(x: &[f32], q: &mut [i8], d: &mut f32, s: &mut f32) {
     }
     *d = scale;
     *s = scale * sum as f32;
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut u8);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The pointer (a method, so closures capture the Sync wrapper, not its field).
-    fn get(self) -> *mut u8 {
-        self.0
-    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@
 
 use std::cell::RefCell;
 
-use crate::pool;
+use crate::pool::{self, SendPtr};
+use crate::simd::avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{exp8_one, exp_minus, hsum4};
 
@@ -379,27 +380,6 @@ fn axpy<T: KvElem>(a: f32, x: &[T], out: &mut [f32]) {
     }
 }
 
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 #[cfg(test)]
 mod tests {

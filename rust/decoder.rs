@@ -21,11 +21,11 @@ use std::sync::{Arc, Mutex};
 use crate::attention::{self, Layout, Rows, Scores};
 use crate::dense::DenseMatrix;
 pub use crate::layer_ops::Activation;
-use crate::layer_ops::{activate_row, norm_rows, per_rows2, rms_norm, rms_norm_in_place, rotate, SendPtr, PARALLEL_ROWS};
+use crate::layer_ops::{activate_row, norm_rows, per_rows2, rms_norm, rms_norm_in_place, rotate, PARALLEL_ROWS};
 pub use crate::moe::{Routing, Scoring};
 use crate::moe::route;
 use crate::activations::Activations;
-use crate::pool;
+use crate::pool::{self, SendPtr};
 use crate::quant::QuantMatrix;
 
 /// Where a layer's RMSNorms sit (architectures.py's `norms`).

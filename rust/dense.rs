@@ -7,7 +7,8 @@
 //! multiply-adds in column order, then their sum: the same operations
 //! whatever the batch, so a row's result never depends on the other rows.
 
-use crate::pool;
+use crate::pool::{self, SendPtr};
+use crate::simd::avx2;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -135,29 +136,6 @@ unsafe fn tile_avx2(w: &[f32], xs: &[&[f32]; MAX_ROWS], n: usize, sums: &mut [[f
     }
 }
 
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static FAST: OnceLock<bool> = OnceLock::new();
-        *FAST.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 #[cfg(test)]
 mod tests {

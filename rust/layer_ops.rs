@@ -3,7 +3,8 @@
 //! split of a step's rows over the pool's threads. Each row is computed by
 //! the same operations whatever rows share the step.
 
-use crate::pool;
+use crate::pool::{self, SendPtr};
+use crate::simd::avx2;
 
 /// The gated MLP's f(gate, up).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,18 +146,6 @@ unsafe fn activate_avx2(act: Activation, g: &[f32], u: &[f32], m: &mut [f32]) {
     }
 }
 
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static FAST: OnceLock<bool> = OnceLock::new();
-        *FAST.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 fn activate(act: Activation, g: f32, u: f32) -> f32 {
     match act {
@@ -172,13 +161,3 @@ fn activate(act: Activation, g: f32, u: f32) -> f32 {
     }
 }
 
-#[derive(Clone, Copy)]
-pub struct SendPtr(pub *mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    pub fn get(self) -> *mut f32 {
-        self.0
-    }
-}

@@ -24,7 +24,7 @@
 pub use crate::activations::BLOCK;
 use crate::activations::Activations;
 pub use crate::simd::{isa, Isa};
-use crate::pool;
+use crate::pool::{self, SendPtr};
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -524,6 +524,16 @@ unsafe fn scale_block<const SUBS: usize, const MIN: bool, const HALF: bool>(
     acc
 }
 
+/// Chunk `j` of a block's 4-bit values: its low nibbles (values 4j..4j+4 of
+/// each lane's row) and its high ones (values 16+4j..).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8, j: usize) -> (__m256i, __m256i) {
+    let low = _mm256_set1_epi8(0x0F);
+    let raw = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+    (_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
@@ -532,7 +542,6 @@ unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
     let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let qat = p.quants_at();
     let ones = _mm256_set1_epi16(1);
-    let low = _mm256_set1_epi8(0x0F);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..t.blocks {
@@ -543,9 +552,7 @@ unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
             // 16-bit sums of 16 products each: |15 · 127| · 16 < 2^15
             let mut p16 = [zero; R];
             for j in 0..4 {
-                let raw = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                let (lo, hi) = nibbles(qs, j);
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     let x = _mm256_maddubs_epi16(lo, broadcast4(a.add(4 * j)));
@@ -596,7 +603,6 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
 ) {
     let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let qat = p.quants_at();
-    let low = _mm256_set1_epi8(0x0F);
     let ones8 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
@@ -606,9 +612,7 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
         let mut isum = [[zero; 2]; R];
         if NIB {
             for j in 0..4 {
-                let raw = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                let (lo, hi) = nibbles(qs, j);
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], lo, broadcast4(a.add(4 * j)));
@@ -678,18 +682,6 @@ fn f32_to_f16_exact(x: f32) -> Option<u16> {
         sign | (mant >> (13 + (-14 - exp))) as u16
     };
     (f16_to_f32(h) == x).then_some(h)
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut u8);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// The pointer (a method, so closures capture the Sync wrapper, not its field).
-    fn get(self) -> *mut u8 {
-        self.0
-    }
 }
 
 #[cfg(test)]

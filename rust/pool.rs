@@ -108,6 +108,27 @@ fn helper(shared: &Shared) {
     }
 }
 
+/// A pointer a parallel loop's tasks write through, each to its own part
+/// (the caller answers for that); `get()` is a method so closures capture
+/// the wrapper, which is Sync, not its raw field.
+pub struct SendPtr<T>(pub *mut T);
+
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: see the type's comment: tasks write disjoint parts, and the memory outlives the loop
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// The number of threads a loop runs on (the caller's included).
 pub fn threads() -> usize {
     pool().threads

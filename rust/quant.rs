@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use crate::activations::Activations;
 use crate::packed::{f16_to_f32, PackedMatrix};
-use crate::pool;
+use crate::pool::{self, SendPtr};
 
 type VecDot = unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
 type Quantize = unsafe extern "C" fn(*const f32, *mut c_void, i64);
@@ -396,11 +396,6 @@ fn dequantize_activations(ty: u32, block_bytes: usize, src: &[u8], out: &mut [f3
         }
     }
 }
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
 
 #[cfg(test)]
 mod tests {

@@ -47,6 +47,19 @@ pub fn isa() -> Isa {
     })
 }
 
+/// Whether the CPU has AVX2 and FMA (asked once): the float kernels' own test.
+pub fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static FAST: OnceLock<bool> = OnceLock::new();
+        *FAST.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// The sums of four vectors' lanes, each as ((s0 + s2) + (s1 + s3)) of s = low half + high half:
 /// a vector's sum is the same bits whichever three others it is reduced with.
