@@ -585,6 +585,13 @@ impl Decoder {
         }
         bufs.pos.clear();
         bufs.pos.extend(step.positions.iter().map(|&p| p as i32));
+        // every block a row reads lies in the caches (checked here, before any KV is written)
+        for (r, (&b, &p)) in bufs.seq.iter().zip(&bufs.pos).enumerate() {
+            let table = &step.tables[b as usize * step.max_blocks..][..p as usize / self.block_size + 1];
+            if let Some(block) = table.iter().find(|&&x| x < 0 || x as usize >= self.num_blocks) {
+                return Err(format!("row {r}'s block table names block {block}, outside 0..{}", self.num_blocks));
+            }
+        }
         Ok(())
     }
 
@@ -854,3 +861,98 @@ fn check_expert(what: &str, e: &Expert, hidden: usize) -> Result<(), String> {
     Ok(())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2000) as f32 / 2000.0 - 0.5).collect()
+    }
+
+    fn dense(rows: usize, cols: usize, seed: u32) -> Linear {
+        Linear::new(vec![Weight::Dense(DenseMatrix::new(rows, cols, &values(rows * cols, seed)).unwrap())], None, false).unwrap()
+    }
+
+    fn borrowed(v: Vec<f32>) -> Borrowed {
+        let mut v = v;
+        let (ptr, len) = (v.as_mut_ptr(), v.len());
+        // SAFETY: the Vec's buffer does not move when the Vec moves into the box
+        unsafe { Borrowed::new(ptr, len, Box::new(v)) }
+    }
+
+    /// A two-layer model: hidden 16, 4 heads of 8 over 2 KV heads, a vocabulary of 24, 8 blocks of 4.
+    fn tiny() -> Decoder {
+        let (hidden, heads, kv, d, vocab, inter) = (16, 4, 2, 8, 24, 32);
+        let spec = Spec {
+            hidden, heads, kv_heads: kv, head_dim: d, rotary_dim: d, eps: 1e-6, norms: Norms::Pre, qk_norm: None,
+            qk_norm_after_rope: false, activation: Activation::Silu, residual_multiplier: 1.0, embedding_multiplier: 1.0,
+            logit_multiplier: 1.0, final_softcap: None,
+        };
+        let layers = (0..2)
+            .map(|i| Layer {
+                attn_norm: Some(vec![1.0; hidden]),
+                mlp_norm: Some(vec![1.0; hidden]),
+                attn_post_norm: None,
+                mlp_post_norm: None,
+                q_norm: None,
+                k_norm: None,
+                qkv: dense((heads + 2 * kv) * d, hidden, 10 + i),
+                o: dense(hidden, heads * d, 20 + i),
+                mlp: Mlp::Dense(Expert { gate_up: dense(2 * inter, hidden, 30 + i), down: dense(hidden, inter, 40 + i) }),
+                scores: Scores { scale: 0.35, window: if i == 0 { Some(3) } else { None }, softcap: None },
+                sinks: None,
+                rope: Some(0),
+            })
+            .collect();
+        let cache = || Cache { k: borrowed(vec![0.0; 8 * 4 * kv * d]), v: borrowed(vec![0.0; 8 * 4 * kv * d]) };
+        Decoder::new(spec, Embedding::Dense(borrowed(values(vocab * hidden, 1))), layers, vec![1.0; hidden], dense(vocab, hidden, 2), vec![cache(), cache()], 8, 4)
+            .unwrap()
+    }
+
+    fn rope() -> Vec<f32> {
+        // [positions, 8]: cos in the first half, sin in the second
+        (0..32).flat_map(|p| (0..4).map(move |i| (p as f32 * 0.1 * (i + 1) as f32).cos()).chain((0..4).map(move |i| (p as f32 * 0.1 * (i + 1) as f32).sin()))).collect()
+    }
+
+    /// Sequence A prefills 6 tokens in blocks [1, 2]; B decodes its token 2 in block [3]
+    /// (its first two are cached by an earlier step). Returns the logits of A's last row and B's row.
+    fn run(d: &Decoder, together: bool) -> Vec<f32> {
+        let table = rope();
+        let a = Step { ids: &[1, 5, 7, 2, 9, 4], positions: &[0, 1, 2, 3, 4, 5], slots: &[4, 5, 6, 7, 8, 9], tables: &[1, 2], max_blocks: 2, query_start: &[0, 6], logit_rows: &[5] };
+        let b0 = Step { ids: &[3, 8], positions: &[0, 1], slots: &[12, 13], tables: &[3, 0], max_blocks: 2, query_start: &[0, 2], logit_rows: &[1] };
+        let mut out = vec![0f32; d.vocab_size()];
+        d.forward(&b0, &[&table], &mut out).unwrap();
+        let mut logits = vec![0f32; 2 * d.vocab_size()];
+        if together {
+            let both = Step { ids: &[1, 5, 7, 2, 9, 4, 11], positions: &[0, 1, 2, 3, 4, 5, 2], slots: &[4, 5, 6, 7, 8, 9, 14], tables: &[1, 2, 3, 0], max_blocks: 2, query_start: &[0, 6, 7], logit_rows: &[5, 6] };
+            d.forward(&both, &[&table], &mut logits).unwrap();
+        } else {
+            let b = Step { ids: &[11], positions: &[2], slots: &[14], tables: &[3, 0], max_blocks: 2, query_start: &[0, 1], logit_rows: &[0] };
+            d.forward(&a, &[&table], &mut logits[..d.vocab_size()]).unwrap();
+            d.forward(&b, &[&table], &mut logits[d.vocab_size()..]).unwrap();
+        }
+        logits
+    }
+
+    #[test]
+    fn a_row_gives_the_same_logits_alone_and_in_a_mixed_step() {
+        let alone = run(&tiny(), false);
+        assert!(alone.iter().all(|v| v.is_finite()) && alone.iter().any(|&v| v != 0.0));
+        assert_eq!(alone, run(&tiny(), true));
+    }
+
+    #[test]
+    fn a_bad_step_is_refused_before_it_writes_anything() {
+        let d = tiny();
+        let table = rope();
+        let mut out = vec![0f32; d.vocab_size()];
+        let bad_block = Step { ids: &[1], positions: &[5], slots: &[4], tables: &[1, 9], max_blocks: 2, query_start: &[0, 1], logit_rows: &[0] };
+        assert!(d.forward(&bad_block, &[&table], &mut out).unwrap_err().contains("block 9"));
+        assert!(d.caches.iter().all(|c| c.k.slice().iter().all(|&v| v == 0.0)), "nothing written");
+        let bad_id = Step { ids: &[99], positions: &[0], slots: &[4], tables: &[1, 2], max_blocks: 2, query_start: &[0, 1], logit_rows: &[0] };
+        assert!(d.forward(&bad_id, &[&table], &mut out).unwrap_err().contains("token id 99"));
+        let short_rope = Step { ids: &[1], positions: &[7], slots: &[4], tables: &[1, 2], max_blocks: 2, query_start: &[0, 1], logit_rows: &[0] };
+        assert!(d.forward(&short_rope, &[&table[..8 * 4]], &mut out).unwrap_err().contains("rotary table"));
+    }
+}
