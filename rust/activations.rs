@@ -55,18 +55,19 @@ impl Activations {
         self.u.resize(if unsigned { rows * cols } else { 0 }, 0);
         self.d.resize(rows * blocks, 0.0);
         self.s.resize(rows * blocks, 0.0);
-        let (q, d, s) = (SendPtr(self.q.as_mut_ptr().cast()), SendPtr(self.d.as_mut_ptr().cast()), SendPtr(self.s.as_mut_ptr().cast()));
+        let (q, d, s) = (SendPtr(self.q.as_mut_ptr()), SendPtr(self.d.as_mut_ptr()), SendPtr(self.s.as_mut_ptr()));
         let u = SendPtr(self.u.as_mut_ptr());
-        let per = if batch >= 16 { 4 } else { batch.max(1) };
+        let per = if batch >= 8 { 2 } else { batch.max(1) };
         let work = |chunk: usize| {
             let (q, d, s, u) = (q, d, s, u);
             // q + 128 beside q, for VNNI (one pass over the row's bytes, which are in cache)
             let flip = |r: usize| {
                 if unsigned {
-                    for i in 0..cols {
-                        // SAFETY: row r is this chunk's alone
-                        unsafe { *u.get().add(r * cols + i) = (*(q.get() as *const i8).add(r * cols + i) as u8) ^ 0x80 };
-                    }
+                    // SAFETY: row r is this chunk's alone; q and u are different buffers (so this vectorizes)
+                    let (from, to) = unsafe {
+                        (std::slice::from_raw_parts(q.get().add(r * cols) as *const u8, cols), std::slice::from_raw_parts_mut(u.get().add(r * cols), cols))
+                    };
+                    to.iter_mut().zip(from).for_each(|(t, f)| *t = f ^ 0x80);
                 }
             };
             for b in chunk * per..((chunk + 1) * per).min(batch) {
