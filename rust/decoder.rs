@@ -347,6 +347,8 @@ impl Buffers {
 #[derive(Default)]
 struct MoeBuffers {
     logits: Vec<f32>,
+    /// each (token, choice)'s weighted expert output
+    results: Vec<f32>,
     rows: Vec<f32>,
     out: Vec<f32>,
     up: Vec<f32>,
@@ -729,7 +731,9 @@ impl Decoder {
         }
         let k = m.routing.top_k;
         // each (token, choice)'s weighted output, summed per token in expert order after
-        let mut results = vec![0f32; t * k * hidden];
+        let mut results = std::mem::take(&mut mb.results);
+        results.clear();
+        results.resize(t * k * hidden, 0.0);
         let (mut up, mut mid) = (std::mem::take(&mut mb.up), std::mem::take(&mut mb.mid));
         for (e, pairs) in by_expert.iter().enumerate() {
             if pairs.is_empty() {
@@ -768,6 +772,7 @@ impl Decoder {
         }
         mb.up = up;
         mb.mid = mid;
+        mb.results = results;
         bufs.moe = mb;
     }
 
@@ -831,16 +836,6 @@ impl Decoder {
             };
             work(a, rows, qo);
         });
-    }
-}
-
-impl QuantMatrix {
-    /// Row `r` as f32 (an embedding lookup in a quantized table).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        match self.packed() {
-            Some(p) => p.dequantize_row(r, out),
-            None => self.dequantize_ggml_row(r, out),
-        }
     }
 }
 

@@ -36,6 +36,22 @@ fn optional<'py, T: for<'a> FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, key: 
     }
 }
 
+/// `key`'s value among `choices` (its name, and what it means), or an error naming the ones there are.
+fn choice<T: Copy>(d: &Bound<'_, PyDict>, key: &str, choices: &[(&str, T)]) -> PyResult<Option<T>> {
+    let Some(name) = optional::<String>(d, key)? else { return Ok(None) };
+    match choices.iter().find(|(n, _)| *n == name) {
+        Some(&(_, v)) => Ok(Some(v)),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+            Err(err(key, format!("unknown {name:?} (one of {})", names.join(", "))))
+        }
+    }
+}
+
+fn required_choice<T: Copy>(d: &Bound<'_, PyDict>, key: &str, choices: &[(&str, T)]) -> PyResult<T> {
+    choice(d, key, choices)?.ok_or_else(|| PyValueError::new_err(format!("{key} is missing")))
+}
+
 /// A float32 vector (norm weights, biases, sinks), copied.
 fn floats(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<Vec<f32>>> {
     match item(d, key)? {
@@ -75,12 +91,7 @@ fn expert(d: &Bound<'_, PyDict>, what: &str) -> PyResult<Expert> {
 }
 
 fn moe(d: &Bound<'_, PyDict>) -> PyResult<Moe> {
-    let scoring = match required::<String>(d, "scoring")?.as_str() {
-        "softmax" => Scoring::Softmax,
-        "softmax_topk" => Scoring::SoftmaxTopK,
-        "sigmoid" => Scoring::Sigmoid,
-        other => return Err(err("scoring", format!("unknown {other:?}"))),
-    };
+    let scoring = required_choice(d, "scoring", &[("softmax", Scoring::Softmax), ("softmax_topk", Scoring::SoftmaxTopK), ("sigmoid", Scoring::Sigmoid)])?;
     let experts: Bound<'_, PyList> = required(d, "experts")?;
     let experts = experts
         .iter()
@@ -126,24 +137,10 @@ fn layer(d: &Bound<'_, PyDict>) -> PyResult<Layer> {
 }
 
 fn spec(d: &Bound<'_, PyDict>) -> PyResult<Spec> {
-    let norms = match required::<String>(d, "norms")?.as_str() {
-        "pre" => Norms::Pre,
-        "post" => Norms::Post,
-        "sandwich" => Norms::Sandwich,
-        other => return Err(err("norms", format!("unknown {other:?}"))),
-    };
-    let qk_norm = match optional::<String>(d, "qk_norm")?.as_deref() {
-        None => None,
-        Some("head") => Some(QkNorm::Head),
-        Some("full") => Some(QkNorm::Full),
-        Some(other) => return Err(err("qk_norm", format!("unknown {other:?}"))),
-    };
-    let activation = match required::<String>(d, "activation")?.as_str() {
-        "silu" => Activation::Silu,
-        "gelu_tanh" => Activation::GeluTanh,
-        "swiglu_oai" => Activation::SwigluOai { alpha: required(d, "swiglu_alpha")?, limit: required(d, "swiglu_limit")? },
-        other => return Err(err("activation", format!("unknown {other:?}"))),
-    };
+    let norms = required_choice(d, "norms", &[("pre", Norms::Pre), ("post", Norms::Post), ("sandwich", Norms::Sandwich)])?;
+    let qk_norm = choice(d, "qk_norm", &[("head", QkNorm::Head), ("full", QkNorm::Full)])?;
+    let oai = Activation::SwigluOai { alpha: required(d, "swiglu_alpha")?, limit: required(d, "swiglu_limit")? };
+    let activation = required_choice(d, "activation", &[("silu", Activation::Silu), ("gelu_tanh", Activation::GeluTanh), ("swiglu_oai", oai)])?;
     Ok(Spec {
         hidden: required(d, "hidden")?,
         heads: required(d, "heads")?,

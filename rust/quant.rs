@@ -326,9 +326,12 @@ impl QuantMatrix {
         }
     }
 
-    /// Row `r` of a matrix kept in ggml's rows, by ggml's dequantization.
-    pub(crate) fn dequantize_ggml_row(&self, r: usize, out: &mut [f32]) {
-        let Storage::Ggml(data) = &self.storage else { unreachable!("a packed matrix's rows come from packed.rs") };
+    /// Row `r` as f32 (an embedding lookup in a quantized table): ggml's dequantized values.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let data = match &self.storage {
+            Storage::Packed(p) => return p.dequantize_row(r, out),
+            Storage::Ggml(data) => data,
+        };
         let to_float = Block::to_float(FORMATS[self.format].0).expect("every weight format dequantizes");
         // SAFETY: row r is row_bytes of a format ggml dequantizes into `cols` values
         unsafe { to_float(data[r * self.row_bytes..].as_ptr().cast(), out.as_mut_ptr(), self.cols as i64) };

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from guided import LLM, SamplingParams, _native
 from helpers.gguf_writer import write_gguf
@@ -110,6 +112,40 @@ def test_one_request_one_answer_on_the_native_step(arch, checkpoints):
     assert chunked.stats()["prefix_cache_hit_tokens"] > 0
     batched = LLM(q8, cpu_step="native")
     assert answers(batched, prompts + [p[:3] + p for p in prompts]) [:3] == want
+
+
+@pytest.fixture(scope="module")
+def alone_engines(checkpoints):
+    """arch → an engine that runs each prompt by itself (no prefix cache)."""
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            made[arch] = LLM(checkpoints(arch)[1], cpu_step="native", enable_prefix_caching=False)
+        return made[arch]
+    return get
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arch=st.sampled_from(["gemma3_text", "gpt_oss"]),
+       lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5), chunk=st.integers(2, 48),
+       repeat_first=st.booleans(), seed=st.integers(0, 2**16))
+def test_generated_batches_and_chunks_change_no_answer(arch, lengths, chunk, repeat_first, seed, alone_engines):
+    """Generated prompt sets (lengths 1-40, some sharing a prefix) and prefill chunk sizes:
+    every prompt's tokens and log-probabilities in the batch are its own alone, to the bit."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, VOCAB - 3, (n,), generator=gen).tolist() for n in lengths]
+    if repeat_first:   # a prefix another prompt shares, for the cache to hit
+        prompts.append(prompts[0] + prompts[-1])
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True)
+
+    def answers(llm, ps):
+        return [(o.outputs[0].token_ids, [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+                for o in llm.generate(ps, params, use_tqdm=False)]
+
+    alone = [answers(alone_engines(arch), [p])[0] for p in prompts]
+    together = LLM(alone_engines(arch).loaded.path, cpu_step="native", max_num_batched_tokens=chunk)
+    assert answers(together, prompts) == alone
 
 
 def test_where_the_native_step_cannot_run_it_says_why(checkpoints):

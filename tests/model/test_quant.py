@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from gguf import quants
 from gguf.constants import GGMLQuantizationType
@@ -64,6 +66,29 @@ def test_quantized_matmul_equals_dequantize_then_matmul(name):
         one = np.empty((1, rows), np.float32)
         m.matmul(x[i:i + 1], one)
         np.testing.assert_array_equal(one[0], whole[i])
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(FORMATS)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
+       batch=st.integers(1, 70), precise=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_shape_and_batch_gives_each_row_its_own_product(name, rows, blocks, batch, precise, seed):
+    """Generated shapes (rows not a multiple of the eight interleaved, one to three
+    blocks of the format's width), batches across the kernels' tiles of 4 or 8 rows
+    and the 64-row task split: each output is the dense product up to the 8-bit
+    activations' rounding, and each row alone gives its bits in the batch."""
+    width = 256 if name.endswith("_K") else 32
+    m = _matrix(name, rows, blocks * width, seed=seed)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((batch, m.cols)) * rng.uniform(0.01, 10)).astype(np.float32)
+    out = np.full((batch, rows), np.nan, np.float32)
+    m.matmul(x, out, precise)
+    dense = m.dequantize().astype(np.float64)
+    scale = np.abs(x) @ np.abs(dense).T + 1e-30
+    assert (np.abs(out - x.astype(np.float64) @ dense.T) / scale).max() < (2e-4 if precise else 2e-2)
+    for i in sorted({0, batch // 2, batch - 1}):
+        one = np.empty((1, rows), np.float32)
+        m.matmul(x[i:i + 1], one, precise)
+        np.testing.assert_array_equal(one[0], out[i])
 
 
 def test_bad_input_is_refused_with_what_was_wrong():

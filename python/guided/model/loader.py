@@ -72,7 +72,7 @@ def _cpu_has_native_bf16() -> bool:
 
 
 def _quantized_on_cpu(requested, device: torch.device, split: bool) -> bool:
-    """Whether the linear layers keep a GGUF's block formats (ggml's kernels):
+    """Whether the linear layers keep a GGUF's block formats (the packed kernels):
     the default on a CPU with a build of the kernels, and dtype="gguf". Decode
     reads a fifth of the fp32 bytes (Q4_1), as llama.cpp does, and every row
     takes the same kernel, so a request's answer does not depend on its batch

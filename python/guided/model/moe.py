@@ -40,7 +40,7 @@ class MoE(nn.Module):
             self.shared_down = _meta(hidden, m.shared_intermediate_size)
 
     def hold_blocks(self, gate_up: list[nn.Module], down: list[nn.Module]) -> None:
-        """Run the experts through ggml's kernels (dtype="gguf"): per expert, a
+        """Run the experts on their quantized blocks (dtype="gguf"): per expert, a
         QuantLinear over its GGUF blocks instead of a slice of the stacked weights."""
         del self.gate_up, self.down
         self.gate_up_q, self.down_q = nn.ModuleList(gate_up), nn.ModuleList(down)
