@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..special_tokens import SpecialTokens
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit,
-                           PyArgs, Special, argument_schemas, resolve)
+                           PyArgs, Special, XmlArgs, argument_schemas, resolve)
 
 _DECODER = json.JSONDecoder()
 
@@ -88,8 +88,7 @@ def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -
     parts = f.call
     for k, part in enumerate(parts):
         if part is NAME:
-            nxt = cur.render(parts[k + 1]) if k + 1 < len(parts) else ""
-            call.name = cur.name(schemas, nxt)
+            call.name = cur.name(schemas, cur.after(parts, k, f.args))
             if call.name is None:
                 return False
         elif part is CALL_ID:
@@ -145,15 +144,38 @@ class _Cursor:
     def parts(self, parts) -> bool:
         return all(self.expect(self.render(p)) for p in parts if isinstance(p, (Lit, Special)))
 
-    def name(self, schemas: dict[str, dict], nxt: str) -> str | None:
-        rest = self.text[self.pos:self.pos + max(map(len, schemas), default=0) + len(nxt)]
-        for name in sorted(schemas, key=len, reverse=True):
-            if rest.startswith(name + nxt) or (rest.startswith(name) and nxt.startswith(rest[len(name):])):
-                self.pos += len(name)
-                return name
-        if not any((n + nxt).startswith(rest) for n in schemas):
+    def after(self, parts, k: int, style) -> tuple[str, ...]:
+        """The texts that may come right after ``parts[k]``: the next fixed
+        part's; before XML arguments, the first one's opening or, where there
+        are none, what follows them; before JSON arguments, the brace; ""
+        before another hole or at the call's end."""
+        nxt = parts[k + 1] if k + 1 < len(parts) else None
+        if nxt is ARGS and isinstance(style, XmlArgs):
+            return (self.fixed(style.key_open), *self.after(parts, k + 1, style))
+        if nxt is ARGS and isinstance(style, JsonArgs):
+            return ("{",)
+        return (self.render(nxt),)
+
+    def name(self, schemas: dict[str, dict], after: tuple[str, ...]) -> str | None:
+        """The declared tool name written here, once the text shows it is
+        that one and no other: the names that fit the text so far (each
+        followed by one of the texts ``after`` it) are one, written whole, or
+        are all written with what follows them (then the longest, the name
+        the model wrote). While a name may still go on (``…_badge`` when
+        ``…_badge1`` is declared too) None, with ok True: the name is not
+        known yet; ok False when no declared name fits."""
+        rest = self.text[self.pos:self.pos + max(map(len, schemas), default=0) + max(map(len, after))]
+        fits = [n for n in schemas if any((n + a).startswith(rest) or rest.startswith(n + a) for a in after)]
+        if not fits:
             self.ok = False
-        return None
+            return None
+        whole = [n for n in fits if any(rest.startswith(n + a) for a in after)] if len(fits) > 1 \
+            else [n for n in fits if rest.startswith(n)]
+        if len(whole) < len(fits):
+            return None
+        name = max(whole, key=len)
+        self.pos += len(name)
+        return name
 
     def regex(self, pattern: str) -> str | None:
         m = re.compile(pattern).match(self.text, self.pos)
