@@ -354,6 +354,37 @@ def test_ids_the_template_demands(name, default_gguf):
         _plan(m.chat, m.compiler, QUESTION + [openai_ids] + _results(openai_ids), tool_choice="auto")
 
 
+@pytest.mark.parametrize("name, takes_none", [("written: past content split (QwQ)", False),
+                                               ("Qwen-Qwen2.5-7B-Instruct.jinja", True)])
+def test_null_content_of_a_past_call_turn(name, takes_none, default_gguf):
+    """A call turn sent back with content null, as OpenAI clients send it:
+    where the template fails on None in a past turn (QwQ-32B's `.split`),
+    it gets "" (llama.cpp's requires_non_null_content); where it takes None
+    (`{% if message.content %}`), the null reaches it and the prompt is the
+    template's own rendering of it, byte for byte. The call turn shows in
+    both, as a past turn after its results and before a later question."""
+    if name not in WRITTEN and name not in NAMES:
+        pytest.skip("../shared/chat-templates is absent")
+    m = template_model(name, default_gguf)
+    chat, fmt = m.chat, m.chat.tools
+    assert (fmt.format.name, fmt.empty_content) == ("hermes", None if takes_none else "")
+    call = {"id": "call_0", "name": "get_weather", "arguments": {"city": "Paris"}}
+    turns = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": RESULTS["get_weather"]}]
+    again = [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And in Rome?"}]
+    for messages in (turns, turns + again):
+        text = _plan(chat, m.compiler, messages, tool_choice="auto").encoded.text
+        assert fmt.format.render([call], chat.special) in text and RESULTS["get_weather"] in text, (name, text)
+        as_sent = normalize_messages(messages, None, chat.contract)   # content null left as it came
+        assert as_sent[2]["content"] is None
+        if takes_none:
+            assert text == chat.render(as_sent, tools=PROBE_TOOLS), name
+        else:
+            with pytest.raises(template_module.TemplateError, match="'None' has no attribute 'split'"):
+                chat.render(as_sent, tools=PROBE_TOOLS)
+
+
 #: Lazy filters: Jinja gives a generator where a template's author (and
 #: llama.cpp's renderer) sees a list.
 LAZY = ["tools | map(attribute='function')", "tools | map(attribute='function') | map(attribute='name')",

@@ -122,12 +122,37 @@ _CHATML_IDS = """{%- for m in messages -%}
 {%- if add_generation_prompt -%}<|im_start|>assistant
 {% endif -%}"""
 
+#: A ChatML template with Hermes calls that splits each past assistant
+#: turn's content at `</think>` as QwQ-32B's does (`.split` on None fails:
+#: the contract llama.cpp probes as requires_non_null_content), but takes
+#: the last message's content as it is, None too: a call turn probed as the
+#: last message alone renders with content None.
+_SPLITS_PAST_CONTENT = """{%- for m in messages %}
+{%- if m.role == 'assistant' %}
+{%- set content = m['content'] or '' %}
+{%- if not loop.last %}{%- set content = m['content'].split('</think>')[-1].lstrip('\\n') %}{%- endif %}
+{{- '<|im_start|>assistant\\n' + content }}
+{%- for call in m.tool_calls or [] %}
+{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' }}
+{{- call.function.arguments | tojson + '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif m.role == 'tool' %}
+{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
 WRITTEN = {
     # Mistral Small 3.2 (2506): each call shows its id, [CALL_ID]id
     "written: Mistral Small 3.2 ids": _MISTRAL.replace("CALL_ID", "{{ '[CALL_ID]' + call.id }}"),
     # a Mistral template that shows no id yet checks them: the engine gives 9 characters
     "written: Mistral ids checked, not shown": _MISTRAL.replace("CALL_ID", ""),
     "written: ChatML ids checked": _CHATML_IDS,
+    "written: past content split (QwQ)": _SPLITS_PAST_CONTENT,
 }
 
 

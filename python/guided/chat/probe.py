@@ -1,8 +1,9 @@
 """Which row of the tool-format table (tool_formats.py) a template uses,
 and how: render a probe conversation through it and find each row's
 rendering of the probe's calls in the text, byte for byte; then the
-template's contract around the calls (content beside them, ids it demands,
-whitespace before and after them, how it prints a boolean)."""
+template's contract around the calls (content beside them, what a call-only
+turn's content must be, ids it demands, whitespace before and after them,
+how it prints a boolean)."""
 from __future__ import annotations
 
 import logging
@@ -66,8 +67,7 @@ def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedF
              if (text := _rendered(render, calls[:1], empty)) is not None and block in text}
     if not found:
         return None
-    # content None where the template takes it, unless it prints "None" (GLM, MiniMax-M2)
-    empty = None if None in found and not ("" in found and found[None] != found[""]) else ""
+    empty = _empty_content(render, calls[:1], found)
     one = found[empty]
     two = _rendered(render, calls, empty)
     parallel = two is not None and fmt.render(calls, special) in two
@@ -77,6 +77,43 @@ def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedF
     return DetectedFormat(_scalars(render, special, fmt, empty), parallel, _content_sep(render, special, fmt),
                           empty, call_ws=before[len(before.rstrip()):], id_style=_id_style(render, fmt, empty),
                           end_ws=ws if after[len(ws):].startswith(tuple(ends)) and ends else "")
+
+
+def _empty_content(render: Render, calls: list[dict], found: dict) -> str | None:
+    """What a call-only message carries as content: None, as OpenAI clients
+    send it, where the template takes it; "" where it prints "None" (GLM,
+    MiniMax-M2) or fails on None in a past turn but not on "" (QwQ-32B's
+    `message.content.split('</think>')` runs on every past assistant turn,
+    not on the last: llama.cpp's requires_non_null_content)."""
+    if None not in found or ("" in found and found[None] != found[""]):
+        return ""
+    for messages in _past_call_turns(calls):
+        if not _takes(render, messages(None)) and _takes(render, messages("")):
+            return ""
+    return None
+
+
+def _past_call_turns(calls: list[dict]) -> list[Callable[[str | None], list[dict]]]:
+    """Conversations in which the call turn is a past turn: answered by its
+    results, and also before a later user message (the branch for turns
+    before the last query, Qwen3's)."""
+    def answered(content):
+        return [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": content, "tool_calls": openai_calls(calls)},
+                *({"role": "tool", "tool_call_id": c["id"], "content": "Sunny"} for c in calls)]
+
+    def asked_again(content):
+        return [*answered(content), {"role": "assistant", "content": "It is sunny."},
+                {"role": "user", "content": "And in Rome?"}]
+    return [answered, asked_again]
+
+
+def _takes(render: Render, messages: list[dict]) -> bool:
+    try:
+        render(messages, PROBE_TOOLS)
+        return True
+    except Exception:  # noqa: BLE001 - the template's refusal is the answer
+        return False
 
 
 def _scalars(render: Render, special: SpecialTokens, fmt: ToolFormat, empty) -> ToolFormat:
@@ -105,11 +142,7 @@ def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
         messages = [{"role": "user", "content": "What is the weather in Paris?"},
                     {"role": "assistant", **said},
                     {"role": "tool", "tool_call_id": call_id, "content": "Sunny"}]
-        try:
-            render(messages, PROBE_TOOLS)
-            return True
-        except Exception:  # noqa: BLE001 - the template's refusal is the answer
-            return False
+        return _takes(render, messages)
     if round_trip("call_" + "0123456789abcdef" + "0") or not round_trip(PROBE_CALLS[0]["id"]):
         return "openai"
     return "alnum9"
