@@ -550,6 +550,9 @@ pub struct Closer {
     /// No completion has been found yet (the output is cut at the budget
     /// unless a later search finds one).
     pub missed: bool,
+    /// Tokens of the budget kept for the end token written after the
+    /// closing (0 or 1), so a closed output ends as one the model ended.
+    pub reserve: usize,
 }
 
 const MARGIN: usize = 16;

@@ -66,7 +66,7 @@ impl PyScheduler {
         Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
     }
 
-    #[pyo3(signature = (seq_id, prompt_token_ids, params, grammar = None, close_on_length = false, reasoning_end = None))]
+    #[pyo3(signature = (seq_id, prompt_token_ids, params, grammar = None, close_on_length = false, reasoning_end = None, closed_as_length = false))]
     fn add_request(
         &mut self,
         seq_id: i128,
@@ -75,9 +75,10 @@ impl PyScheduler {
         grammar: Option<PyRef<'_, PyGrammar>>,
         close_on_length: bool,
         reasoning_end: Option<(u32, usize)>,
+        closed_as_length: bool,
     ) -> PyResult<Vec<u32>> {
         let grammar = grammar.as_ref().map(|g| &g.inner);
-        let steering = Steering { close_on_length, reasoning_end };
+        let steering = Steering { close_on_length, closed_as_length, reasoning_end };
         self.inner.add_constrained(seq_id, &prompt_token_ids, &params, grammar, steering).map_err(to_py)
     }
 
@@ -212,6 +213,7 @@ struct PyStepOutput {
     more: Vec<u32>,
     more_forced: usize,
     error: Option<String>,
+    closed: bool,
 }
 
 impl From<StepOutput> for PyStepOutput {
@@ -225,6 +227,7 @@ impl From<StepOutput> for PyStepOutput {
             more: o.more,
             more_forced: o.more_forced,
             error: o.error,
+            closed: o.closed,
         }
     }
 }
@@ -233,8 +236,8 @@ impl From<StepOutput> for PyStepOutput {
 impl PyStepOutput {
     fn __repr__(&self) -> String {
         format!(
-            "StepOutput(seq_id={}, token={}, finish_reason={:?}, num_cached_tokens={}, forced={:?}, more={:?}, error={:?})",
-            self.seq_id, self.token, self.finish_reason, self.num_cached_tokens, self.forced, self.more, self.error
+            "StepOutput(seq_id={}, token={}, finish_reason={:?}, num_cached_tokens={}, forced={:?}, more={:?}, error={:?}, closed={})",
+            self.seq_id, self.token, self.finish_reason, self.num_cached_tokens, self.forced, self.more, self.error, self.closed
         )
     }
 }

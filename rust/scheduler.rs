@@ -105,6 +105,8 @@ pub struct StepOutput {
     pub more: Vec<u32>,
     pub more_forced: usize,
     pub error: Option<String>,
+    /// The budget's closing wrote the end of the output (see [`Commit::closed`]).
+    pub closed: bool,
 }
 
 /// One sequence's part of a step: its id, how many of its tokens, and the
@@ -252,7 +254,7 @@ impl Scheduler {
             seq.speculation = Some(Speculation::default());
         }
         let forced = match grammar {
-            Some(g) => seq.constrain(g.matcher(), req.fast_forward, steering, self.max_len),
+            Some(g) => seq.constrain(g.matcher(), req.fast_forward, steering, self.max_len).map_err(Error::Invalid)?,
             None => Vec::new(),
         };
         self.counters.forced_tokens += forced.len();
@@ -889,6 +891,7 @@ impl Scheduler {
                 more: v.more,
                 more_forced: v.more_forced,
                 error: v.error,
+                closed: v.closed,
             });
             if v.reason.is_some() {
                 self.forget(id);

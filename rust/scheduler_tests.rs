@@ -53,7 +53,7 @@ fn prefill_then_decode() {
     assert_eq!(plan.sample_seq_ids, vec![7]);
     assert!(!plan.is_decode_only);
     let out = s.update(&[5]).unwrap();
-    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], more: vec![], more_forced: 0, error: None }]);
+    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], more: vec![], more_forced: 0, error: None, closed: false }]);
     let plan = s.schedule().unwrap();
     assert_eq!((plan.input_ids.clone(), plan.positions.clone()), (vec![5], vec![40]));
     assert_eq!(plan.context_lens, vec![41]);
@@ -493,12 +493,12 @@ mod constrained {
     fn at_the_budget_the_output_is_closed_not_cut() {
         // The model would write "a" forever inside the string.
         let (text, reason, _) = closed_run(&object_schema(), 20, tok("a"));
-        assert_eq!(reason, Some(FinishReason::Length));
+        assert_eq!(reason, Some(FinishReason::Stop));
         assert!(text.starts_with("{") && text.contains("\"s\"") && text.ends_with('}'), "{text}");
         assert!(text.replace(' ', "").ends_with(r#"","n":1}"#), "{text}");
         // A regex grammar closes too.
         let (text, reason, _) = closed_run(&lark("start: /x[a-c]+y/"), 6, tok("a"));
-        assert_eq!((text.as_str(), reason), ("xaaaay", Some(FinishReason::Length)));
+        assert_eq!((text.as_str(), reason), ("xaaay", Some(FinishReason::Stop)));
     }
 
     #[test]
@@ -507,9 +507,9 @@ mod constrained {
         // leaves it by its shortest way out, whatever the model wrote into it.
         let g = lark("start: /[a-z]*-/ /[a-z]*/ \"]\"");
         let (text, reason, err) = scripted_run(&g, 12, &[tok("a"), tok("b"), tok("-"), tok("c")]);
-        assert_eq!((text.as_str(), reason), ("ab-cccccccc]", Some(FinishReason::Length)), "{err:?}");
+        assert_eq!((text.as_str(), reason), ("ab-ccccccc]", Some(FinishReason::Stop)), "{err:?}");
         let (text, reason, error) = closed_run(&g, 8, tok("a"));
-        assert_eq!((text.as_str(), reason, error), ("aaaaaa-]", Some(FinishReason::Length), None));
+        assert_eq!((text.as_str(), reason, error), ("aaaaa-]", Some(FinishReason::Stop), None));
     }
 
     #[test]
@@ -527,7 +527,7 @@ mod constrained {
         // end token replaces what it samples, and the answer follows.
         let (think, end) = (special("<think>"), special("</think>"));
         let g = lark(&format!("start: <[{think}]> /[a-z]*/ <[{end}]> \"ok\""));
-        let steering = Steering { close_on_length: false, reasoning_end: Some((end, 4)) };
+        let steering = Steering { close_on_length: false, closed_as_length: false, reasoning_end: Some((end, 4)) };
         let (toks, reason, _) = steered_run(&g, 20, steering, &[think, tok("a")]);
         let a = tok("a");
         assert_eq!(toks, vec![think, a, a, a, end, tok("o"), tok("k")]);
@@ -542,7 +542,7 @@ mod constrained {
         // pair is whole.
         let (think, end) = (special("<think>"), special("</think>"));
         let g = lark(&format!("start: <[{think}]> /([ab][cd])*/ <[{end}]> \"ok\""));
-        let steering = Steering { close_on_length: false, reasoning_end: Some((end, 4)) };
+        let steering = Steering { close_on_length: false, closed_as_length: false, reasoning_end: Some((end, 4)) };
         let (a, c) = (tok("a"), tok("c"));
         // (the grammar forces the block's start: the script is what follows)
         let script: Vec<u32> = [a, c].into_iter().cycle().take(40).collect();
@@ -552,10 +552,41 @@ mod constrained {
     }
 
     #[test]
-    fn a_budget_below_the_shortest_output_is_an_error() {
-        let (_, reason, error) = closed_run(&object_schema(), 5, tok("a"));
-        assert_eq!(reason, Some(FinishReason::Error));
-        assert!(error.unwrap().contains("shortest output the grammar allows needs"));
+    fn a_budget_below_the_shortest_output_is_refused_before_it_starts() {
+        let (mut s, c, _, _) = setup();
+        let g = c.compile(&object_schema()).unwrap();
+        let err = s.add_constrained(1, &prompt(5, 0), &req(5), Some(&g), Steering::CLOSE).unwrap_err();
+        assert!(matches!(&err, Error::Invalid(m) if m.contains("shortest output the grammar allows needs")), "{err:?}");
+        assert!(!s.has_unfinished(), "nothing is queued");
+        // the same budget is taken where the output may be cut
+        s.add_constrained(1, &prompt(5, 0), &req(5), Some(&g), Steering::default()).unwrap();
+    }
+
+    #[test]
+    fn a_closed_output_ends_on_an_end_token_and_says_it_was_closed() {
+        let (mut s, c, v, eos) = setup();
+        let g = c.compile(&object_schema()).unwrap();
+        for (id, as_length) in [(1u64, false), (2, true)] {
+            let steering = Steering { closed_as_length: as_length, ..Steering::CLOSE };
+            s.add_constrained(id.into(), &prompt(5, 0), &req(20), Some(&g), steering).unwrap();
+            let mut toks = Vec::new();
+            let done = loop {
+                let out = step(&mut s, v, &[tok("a")]);
+                toks.extend(u32::try_from(out[0].token));
+                toks.extend(&out[0].forced);
+                if out[0].finish_reason.is_some() {
+                    break out[0].clone();
+                }
+            };
+            assert!(done.closed && toks.len() <= 20, "{toks:?}");
+            if as_length {
+                assert_eq!(done.finish_reason, Some(FinishReason::Length));
+                assert_ne!(toks.last(), Some(&eos));
+            } else {
+                // the closing left room for the end token, as the model's own end would
+                assert_eq!((done.finish_reason, toks.last()), (Some(FinishReason::Stop), Some(&eos)));
+            }
+        }
     }
 
     #[test]

@@ -179,6 +179,9 @@ pub struct Steering {
     /// Near the budget, steer to the shortest valid completion instead of
     /// cutting the output (see [`crate::closing`]).
     pub close_on_length: bool,
+    /// A closed output reports finish_reason "length", as a cut one does,
+    /// instead of ending on an end token with "stop".
+    pub closed_as_length: bool,
     /// The end token of a reasoning block and the output length by which
     /// it must come: from there on the end token replaces the sampled one
     /// where the grammar allows it (a reasoning budget; llguidance's own
@@ -187,7 +190,7 @@ pub struct Steering {
 }
 
 impl Steering {
-    pub const CLOSE: Steering = Steering { close_on_length: true, reasoning_end: None };
+    pub const CLOSE: Steering = Steering { close_on_length: true, closed_as_length: false, reasoning_end: None };
 }
 
 /// The grammar of a constrained sequence.
@@ -202,8 +205,8 @@ pub struct Constraint {
     /// Near the budget, steer to the shortest valid completion instead of
     /// cutting the output (None: cut).
     pub closer: Option<Closer>,
-    /// Why the request cannot end validly within its budget.
-    pub closing_error: Option<String>,
+    /// See [`Steering::closed_as_length`].
+    pub closed_as_length: bool,
     /// See [`Steering::reasoning_end`]; None once checked.
     pub reasoning_end: Option<(u32, usize)>,
 }
@@ -220,6 +223,9 @@ pub struct Commit {
     /// The token appended instead of the sampled one (the output was steered
     /// to a valid end; see [`crate::closing`]).
     pub replaced_by: Option<u32>,
+    /// The budget's closing wrote the end of the output (crate::closing):
+    /// the structure is whole, a value may be short.
+    pub closed: bool,
 }
 
 /// What a step that carried a draft appended (speculative.rs): the first
@@ -231,15 +237,16 @@ pub struct Verified {
     pub more: Vec<u32>,
     pub more_forced: usize,
     pub kept: usize,
-    /// The reason and error of the last commit (the first's when alone).
+    /// The reason, error and closing of the last commit (the first's when alone).
     pub reason: Option<FinishReason>,
     pub error: Option<String>,
+    pub closed: bool,
 }
 
 impl From<Commit> for Verified {
     /// A step without a draft: its one commit.
     fn from(first: Commit) -> Self {
-        Verified { reason: first.reason, error: first.error.clone(), first, ..Default::default() }
+        Verified { reason: first.reason, error: first.error.clone(), closed: first.closed, first, ..Default::default() }
     }
 }
 
@@ -366,8 +373,9 @@ impl Sequence {
     /// start are appended at once (returned; they are computed with the
     /// prompt). Forced tokens that would reach max_tokens are left to
     /// sampling. With `close_on_length`, the output is steered to a complete
-    /// one before the budget runs out (see [`crate::closing`]).
-    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, steering: Steering, max_len: usize) -> Vec<u32> {
+    /// one before the budget runs out (see [`crate::closing`]); Err (and
+    /// nothing attached) where the shortest complete one cannot fit.
+    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, steering: Steering, max_len: usize) -> Result<Vec<u32>, String> {
         // Also caches them for the first mask, so the mask thread need not tokenize.
         let mut forced = matcher.forced_tokens();
         if !fast_forward || forced.len() >= self.stop.max_tokens {
@@ -383,7 +391,7 @@ impl Sequence {
             fast_forward,
             mask_error: None,
             closer: None,
-            closing_error: None,
+            closed_as_length: steering.closed_as_length,
             reasoning_end: steering.reasoning_end,
         };
         if steering.close_on_length {
@@ -393,8 +401,14 @@ impl Sequence {
             // only to say how much is needed.
             let found = shortest_completion(&matcher, left).or_else(|| shortest_completion(&matcher, MAX_BYTES));
             match found {
-                Some(t) if t.tokens.len() <= left => closer.record(t, left),
-                Some(t) => c.closing_error = Some(too_long(t.tokens.len(), left)),
+                Some(t) if t.tokens.len() <= left => {
+                    // Room for the end token after the closing, where there is any.
+                    let ends = !steering.closed_as_length && !self.stop.ignore_eos;
+                    closer.reserve = usize::from(ends && t.tokens.len() < left);
+                    closer.record(t, left - closer.reserve);
+                }
+                // (counted from the output's start: forced tokens are output too)
+                Some(t) => return Err(too_long(forced.len() + t.tokens.len(), forced.len() + left)),
                 // Beyond what the search finds from the start (a pattern it
                 // cannot write, say): searched again as the output grows,
                 // and cut, as without closing, where none is ever found.
@@ -404,7 +418,7 @@ impl Sequence {
         }
         c.matcher = Some(matcher);
         self.constraint = Some(c);
-        forced
+        Ok(forced)
     }
 
     /// Output tokens that may still be appended: max_tokens or the context,
@@ -433,7 +447,7 @@ impl Sequence {
             let appended = &self.token_ids[before.min(self.len())..];
             let m = appended.iter().zip(&draft.tokens[pos..]).take_while(|(a, b)| a == b).count();
             let whole = m == appended.len();
-            (v.reason, v.error) = (c.reason, c.error.clone());
+            (v.reason, v.error, v.closed) = (c.reason, c.error.clone(), c.closed);
             if first.is_none() {
                 first = Some(c.clone());
             } else if let Some((_, forced)) = appended.split_first() {
@@ -450,7 +464,7 @@ impl Sequence {
         }
         v.first = first.unwrap_or_else(|| {
             let c = self.commit(-1, eos, max_len);
-            (v.reason, v.error) = (c.reason, c.error.clone());
+            (v.reason, v.error, v.closed) = (c.reason, c.error.clone(), c.closed);
             c
         });
         v.kept = pos;
@@ -473,9 +487,6 @@ impl Sequence {
     }
 
     fn commit_constrained(&mut self, c: &mut Constraint, token: i64, eos: &[u32], max_len: usize) -> Commit {
-        if let Some(e) = &c.closing_error {
-            return Commit::failed(false, e.clone());
-        }
         let sampled = token;
         let token = self.end_reasoning_if_spent(c, token);
         let before = self.len();
@@ -586,7 +597,8 @@ impl Sequence {
     /// output could end (a step that opens a call with few tokens left).
     fn close_if_due(&mut self, c: &mut Constraint, out: &mut Commit, before: usize, consumed: usize, eos: &[u32], max_len: usize) {
         let (Some(closer), Some(m)) = (c.closer.as_mut(), c.matcher.as_mut()) else { return };
-        let left = self.remaining(max_len);
+        // (the end token after the closing has its room kept)
+        let left = self.remaining(max_len).saturating_sub(closer.reserve);
         let appended = m.bytes_of(&self.token_ids[before..]);
         let opens = !out.forced.is_empty() || appended.contains(&0xff) || closer.last.tokens.is_empty();
         if !closer.due(left) && (closer.missed || !opens) {
@@ -605,9 +617,10 @@ impl Sequence {
         if let Some(kept) = kept {
             return closer.record(kept, left);
         }
+        let as_length = c.closed_as_length;
         match shortest_completion(m, left) {
             Some(t) if t.tokens.len() < left => return closer.record(t, left),
-            Some(t) => return self.force_closing(m, out, t.tokens),
+            Some(t) => return self.force_closing(m, out, t.tokens, as_length, eos, max_len),
             None if closer.missed => return closer.record_miss(left), // none known: cut
             None => {}
         }
@@ -618,17 +631,17 @@ impl Sequence {
         let left = self.remaining(max_len);
         match undone.ok().and_then(|_| shortest_completion(m, left)).map(|c| c.tokens) {
             // Complete already: end it here, as the model may.
-            Some(t) if t.is_empty() => match eos.first() {
-                Some(&e) if m.advance(&[e]) == Ok(1) => {
+            Some(t) if t.is_empty() => match self.end_token(m, eos) {
+                Some(e) => {
                     self.token_ids.push(e);
-                    (out.replaced_by, out.reason) = (Some(e), Some(FinishReason::Stop));
+                    (out.replaced_by, out.reason, out.closed) = (Some(e), Some(FinishReason::Stop), true);
                 }
-                _ => out.reason = Some(FinishReason::Length),
+                None => out.reason = Some(FinishReason::Length),
             },
             Some(t) => {
                 let first = t[0];
-                self.force_closing(m, out, t);
-                if out.reason == Some(FinishReason::Length) {
+                self.force_closing(m, out, t, as_length, eos, max_len);
+                if out.closed {
                     out.replaced_by = Some(first);
                     out.forced.remove(0);
                 }
@@ -637,13 +650,22 @@ impl Sequence {
         }
     }
 
-    /// Append a closing found for the matcher's state; the output ends there.
-    fn force_closing(&mut self, m: &mut GrammarMatcher, out: &mut Commit, closing: Vec<u32>) {
+    /// Append a closing found for the matcher's state, then, where there is
+    /// room and the client did not ask for "length", an end token: the
+    /// output ends there, finished "stop".
+    fn force_closing(&mut self, m: &mut GrammarMatcher, out: &mut Commit, closing: Vec<u32>, as_length: bool, eos: &[u32], max_len: usize) {
         match m.advance(&closing) {
             Ok(n) if n == closing.len() => {
                 self.token_ids.extend(&closing);
                 out.forced.extend(&closing);
-                out.reason = Some(FinishReason::Length);
+                out.closed = true;
+                out.reason = Some(if as_length { FinishReason::Length } else { FinishReason::Stop });
+                if !as_length && self.remaining(max_len) > 0 {
+                    if let Some(e) = self.end_token(m, eos) {
+                        self.token_ids.push(e);
+                        out.forced.push(e);
+                    }
+                }
             }
             _ => {
                 let why = m.error().unwrap_or_else(|| "a token was refused".into());
@@ -651,14 +673,27 @@ impl Sequence {
             }
         }
     }
+
+    /// An end token the grammar takes where it stands (consumed), unless
+    /// the request ignores end tokens.
+    fn end_token(&self, m: &mut GrammarMatcher, eos: &[u32]) -> Option<u32> {
+        if self.stop.ignore_eos {
+            return None;
+        }
+        if m.is_stopped() {
+            return eos.first().copied().filter(|_| m.error().is_none());
+        }
+        let e = eos.iter().copied().find(|&e| m.clone().try_consume(&[e]) == Ok(1))?;
+        (m.advance(&[e]) == Ok(1)).then_some(e)
+    }
 }
 
 /// The message of a request whose shortest complete output needs more
 /// tokens than it may have.
 fn too_long(needed: usize, left: usize) -> String {
     format!(
-        "the shortest output the grammar allows needs {needed} tokens, but only {left} are allowed \
-         (max_tokens or the context): raise max_tokens or relax the schema"
+        "the shortest output the grammar allows needs {needed} tokens, but max_tokens (or the context \
+         left) allows only {left}: raise max_tokens to at least {needed} or relax the schema"
     )
 }
 

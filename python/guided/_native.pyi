@@ -116,6 +116,10 @@ class StepOutput:
     def forced(self) -> list[int]:
         """Tokens the grammar forced after ``token``, appended without sampling."""
     @property
+    def closed(self) -> bool:
+        """The budget's closing wrote the end of the output (see
+        ``Scheduler.add_request``'s ``close_on_length``)."""
+    @property
     def more(self) -> list[int]:
         """With a draft (speculative decoding): the tokens later draws of the
         step appended after ``forced``, ``more_forced`` of them forced."""
@@ -160,6 +164,7 @@ class Scheduler:
         grammar: Grammar | None = None,
         close_on_length: bool = False,
         reasoning_end: tuple[int, int] | None = None,
+        closed_as_length: bool = False,
     ) -> list[int]:
         """Queue a request. ``seq_id`` in [0, 2**63), not in use. ``params``
         is read field by field (max_tokens, temperature, top_p, top_k, min_p,
@@ -187,9 +192,11 @@ class Scheduler:
 
         With ``close_on_length`` an output that reaches its budget
         (max_tokens or the context) is steered to the shortest completion
-        the grammar accepts and ends complete, finish_reason "length"; one
-        that cannot end within its budget finishes with "error" and says
-        why. ``reasoning_end`` (end token, output length): from that length
+        the grammar accepts, then an end token where one fits, and ends
+        complete with finish_reason "stop" ("length" with
+        ``closed_as_length``) and ``closed`` set on its last StepOutput; a
+        request whose shortest complete output cannot fit in its budget
+        raises ValueError saying how many tokens it needs. ``reasoning_end`` (end token, output length): from that length
         on, the end token replaces the sampled one where the grammar allows
         it (a reasoning block's budget; checked once, at that length)."""
     def schedule(self) -> StepPlan | None:

@@ -29,15 +29,15 @@ log = logging.getLogger("guided.engine")
 class RequestGrammar(Protocol):
     """A request's grammar, composed where the request entered
     (``guided.grammar.ComposedGrammar``): llguidance TopLevelGrammar JSON
-    text, whether an output that reaches its budget is steered to a
-    complete one instead of being cut, and where a reasoning block must end
+    text, what an output that reaches its budget does ("close",
+    "close_as_length" or "cut"), and where a reasoning block must end
     (its end token and the output length by which it comes), if anywhere."""
 
     @property
     def text(self) -> str: ...
 
     @property
-    def close_on_length(self) -> bool: ...
+    def on_length(self) -> str: ...
 
     @property
     def reasoning_end(self) -> tuple[int, int] | None: ...
@@ -83,6 +83,7 @@ class _Request:
     forced_start: list[int] = field(default_factory=list)  # forced before the first step
     num_forced: int = 0
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    closed: bool = False  # the budget's closing wrote its end (CompletionOutput.closed)
 
 
 @dataclass
@@ -158,7 +159,8 @@ class Engine:
         # does not compile): reported by the next step().
         self._pending: list[StepUpdate] = []
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0,
-                         "steps": 0, "requests_finished": 0, "requests_failed": 0}
+                         "steps": 0, "requests_finished": 0, "requests_failed": 0,
+                         "closed_outputs": 0}
         blocks = self.runner.num_blocks
         log.info("KV cache on %s: %d blocks of %d tokens (%d tokens), max_model_len %d",
                  loaded.device, blocks, config.block_size, blocks * config.block_size,
@@ -189,9 +191,9 @@ class Engine:
         server) compose ``params.structured_outputs``, tools and reasoning
         into it. A grammar that does not compile is not bad input of the
         call: that request alone ends at the next step with finish_reason
-        "error"; so does one whose shortest complete output does not fit in
-        max_tokens, when closing, and one given an ``error`` (its
-        constraint failed to compose where it entered)."""
+        "error", as does one given an ``error`` (its constraint failed to
+        compose where it entered). One whose shortest complete output
+        cannot fit in max_tokens, when closing, raises ValueError."""
         if grammar is None and error is None and params.structured_outputs is not None:
             raise ValueError("params.structured_outputs is not composed: compose it where the "
                              "request enters (guided.grammar.compose) and pass it as grammar")
@@ -218,9 +220,11 @@ class Engine:
             done = self._finish(req, "error", 0, f"invalid grammar: {error}")
             self._pending.append(StepUpdate(rid, "", None, done))
             return rid
+        on_length = params.on_length or (grammar.on_length if grammar is not None else "cut")
         forced = self.scheduler.add_request(
             rid, prompt_ids, params, compiled,
-            close_on_length=compiled is not None and grammar.close_on_length,
+            close_on_length=compiled is not None and on_length != "cut",
+            closed_as_length=compiled is not None and on_length == "close_as_length",
             reasoning_end=grammar.reasoning_end if compiled is not None else None)
         self.requests[rid] = req
         self._push_forced(req, forced)
@@ -288,6 +292,7 @@ class Engine:
             for t in new[1:]:
                 self._append(req, t, 0.0)
             req.num_forced += len(ev.forced) + ev.more_forced
+            req.closed = ev.closed
             self.counters["generated_tokens"] += len(new)
             for t in new[:-1]:
                 req.detok.push(t)
@@ -366,13 +371,14 @@ class Engine:
         self.requests.pop(req.id, None)
         key = "requests_failed" if reason == "error" else "requests_finished"
         self.counters[key] += 1
+        self.counters["closed_outputs"] += req.closed
         logprobs = self._vllm_logprobs(req) if req.top_logprobs is not None else None
         sample = CompletionOutput(
             index=0, text=req.detok.text, token_ids=req.output_ids,
             cumulative_logprob=sum(req.logprobs) if logprobs is not None else None,
             logprobs=logprobs, finish_reason=reason,
             stop_reason=req.stop_reason if reason == "stop" else None, error=error,
-            num_forced_tokens=req.num_forced)
+            num_forced_tokens=req.num_forced, closed=req.closed)
         return RequestOutput(request_id=req.id, prompt=req.prompt,
                              prompt_token_ids=req.prompt_ids, outputs=[sample],
                              num_cached_tokens=num_cached)

@@ -48,6 +48,10 @@ class CompletionOutput:
     error: str | None = None
     #: of token_ids, how many the grammar forced (appended without sampling)
     num_forced_tokens: int = 0
+    #: the budget's closing wrote the end of this output (SamplingParams'
+    #: structured_outputs "on_length"): the structure is whole, a value may
+    #: be short; finish_reason is "stop" (or "length" with "close_as_length")
+    closed: bool = False
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict] | None = None

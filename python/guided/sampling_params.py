@@ -5,6 +5,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .grammar import ON_LENGTH
+
 
 @dataclass
 class StructuredOutputsParams:
@@ -71,6 +73,10 @@ class SamplingParams:
     the prompt and output so far, chosen by the grammar, are checked in one
     forward pass; the output is the same token for token. A request asking
     for logprobs does not speculate.
+    on_length ("close", "close_as_length" or "cut"; None: as the
+    constraint says, "close" by default) says what a constrained output
+    does at its budget (see guided.grammar), whatever the constraint:
+    a response_format, tools, a reasoning block.
     """
 
     max_tokens: int = 64
@@ -93,6 +99,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None
     speculative: bool | None = None
+    on_length: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -136,6 +143,8 @@ class SamplingParams:
             (isinstance(self.fast_forward, bool), "fast_forward must be a bool"),
             (self.speculative is None or isinstance(self.speculative, bool),
              f"speculative must be a bool or None, got {self.speculative!r}"),
+            (self.on_length in (None, *ON_LENGTH),
+             f"on_length must be one of {', '.join(ON_LENGTH)}, got {self.on_length!r}"),
             (self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
              f"logprobs must be None or an int in [0, 20], got {self.logprobs!r}"),
         ]

@@ -1,17 +1,20 @@
-"""Structured output that is never cut mid-structure (on_length="close", the default for json):
-near max_tokens the output is steered to the shortest completion the
-grammar accepts, so JSON that ends by the budget still parses and
-validates; on_length="cut" keeps the cut text; a schema whose shortest
-instance does not fit fails with a message."""
+"""Structured output that is never cut mid-structure (on_length="close", the
+default for every constraint): near max_tokens the output is steered to the
+shortest completion the grammar accepts and ends on an end token, so JSON
+that ends by the budget still parses and validates and reports "stop" with
+``closed`` set ("length" with on_length="close_as_length");
+on_length="cut" keeps the cut text; a schema whose shortest instance does
+not fit is refused with a message."""
 from __future__ import annotations
 
 import json
+import re
 from itertools import islice
 
 import pytest
 
 from guided import SamplingParams
-from guided.grammar import closes_on_length
+from guided.grammar import on_length
 from helpers.prompts import chat
 from helpers.structured import BENCH_DATA, bench_schemas, obj, parses, validator
 
@@ -105,12 +108,12 @@ def test_outputs_at_the_budget_are_complete_and_valid(llm, suite, temperature):
             bad.append(f"{name}: {out.finish_reason} {out.error} {out.text[:300]!r}: {exc}"[:600])
             continue
         assert len(out.token_ids) <= budgets[name], name
-        assert out.finish_reason in ("stop", "length"), (name, out.finish_reason, out.error)
+        assert out.finish_reason == "stop", (name, out.finish_reason, out.error)
     assert not bad, "\n".join(bad)
     # The budget is tight: most outputs ran into it (and say so). Until the
     # closing takes over, the output is the one a cut run gives, so these
     # are the outputs that would have been cut.
-    ended = [n for n, o in closed.items() if o.finish_reason == "length"]
+    ended = [n for n, o in closed.items() if o.outputs[0].closed]
     assert len(ended) * 2 >= len(schemas), (len(ended), len(schemas))
 
 
@@ -124,7 +127,8 @@ def test_cut_is_the_text_as_it_stood(llm):
     assert short.token_ids == long.token_ids[:20]
     assert not parses(short.text)
     closed = llm.generate(PROMPT, SamplingParams(max_tokens=20, structured_outputs={"json": schema}))[0]
-    assert closed.finish_reason == "length" and len(closed.token_ids) <= 20
+    assert closed.finish_reason == "stop" and closed.outputs[0].closed and len(closed.token_ids) <= 20
+    assert closed.token_ids[-1] in llm.engine.special.end_ids   # it ends as the model's own end would
     value = json.loads(closed.text)
     validator(schema).validate(value)
     assert {"name", "bio"} <= set(value)
@@ -133,27 +137,29 @@ def test_cut_is_the_text_as_it_stood(llm):
     assert same >= 8, (closed.text, short.text)
 
 
-def test_a_schema_that_cannot_fit_fails_with_a_message(llm):
+def test_a_schema_that_cannot_fit_is_refused_before_it_starts(llm):
     schema = obj({f"property_number_{i}": {"type": "string", "minLength": 5} for i in range(8)})
-    out = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={
-        "json": schema, "on_length": "close"}))[0]
-    assert out.finish_reason == "error"
-    assert "shortest output the grammar allows needs" in out.error and "30" in out.error, out.error
+    with pytest.raises(ValueError, match="shortest output the grammar allows needs .* max_tokens") as err:
+        llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={"json": schema}))
+    assert "30" in str(err.value) and not llm.engine.has_unfinished()
     ok = llm.generate(PROMPT, SamplingParams(max_tokens=30, structured_outputs={
         "json": schema, "on_length": "cut"}))[0]
     assert ok.finish_reason == "length"   # cut as before
 
 
-def test_regex_and_lark_close_when_asked(llm):
-    outs = llm.generate([PROMPT] * 2, [
+def test_regex_and_lark_close_by_default(llm):
+    outs = llm.generate([PROMPT] * 3, [
         SamplingParams(max_tokens=12, structured_outputs={
-            "regex": r"\{\"words\": \[(\"[a-z ]+\", )*\"[a-z ]+\"\]\}", "on_length": "close"}),
+            "regex": r"\{\"words\": \[(\"[a-z ]+\", )*\"[a-z ]+\"\]\}"}),
         SamplingParams(max_tokens=12, structured_outputs={
-            "grammar": 'start: "<" WORD ("," WORD)* ">"\nWORD: /[a-z ]+/', "on_length": "close"})])
+            "grammar": 'start: "<" WORD ("," WORD)* ">"\nWORD: /[a-z ]+/'}),
+        # vLLM's own offline example, at vLLM's default max_tokens
+        SamplingParams(max_tokens=16, structured_outputs={"regex": r"\w+@\w+\.com\n"})])
     assert json.loads(outs[0].text)["words"]
     assert outs[1].text.startswith("<") and outs[1].text.endswith(">"), outs[1].text
+    assert re.fullmatch(r"\w+@\w+\.com\n", outs[2].text), outs[2].text
     for o in outs:
-        assert len(o.token_ids) <= 12
+        assert len(o.token_ids) <= 16 and o.finish_reason == "stop", o.text
 
 
 def test_chat_response_format_closes_unless_cut(llm):
@@ -162,20 +168,26 @@ def test_chat_response_format_closes_unless_cut(llm):
     msgs = [{"role": "user", "content": "Describe a person in detail as JSON."}]
     r = llm.chat(msgs, response_format=rf,
                  sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
-    assert r.finish_reason == "length"
+    assert r.finish_reason == "stop" and r.closed
     value = json.loads(r.content)
     validator(schema).validate(value)
     assert {"name", "bio"} <= set(value)
+    # a client that reads any budget end as truncation gets "length", and the same JSON
+    r2 = llm.chat(msgs, response_format={**rf, "on_length": "close_as_length"},
+                  sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
+    assert r2.finish_reason == "length" and r2.closed
+    validator(schema).validate(json.loads(r2.content))
     r = llm.chat(msgs, response_format={**rf, "on_length": "cut"},
                  sampling_params=SamplingParams(max_tokens=20))[0].outputs[0]
     assert r.finish_reason == "length" and not parses(r.content)
 
 
-def test_closing_is_the_default_for_json_only():
-    assert closes_on_length({"json": {"type": "object"}})
-    assert not closes_on_length({"json": {"type": "object"}, "on_length": "cut"})
-    for so in ({"regex": "a+"}, {"choice": ["a"]}, {"grammar": "start: \"a\""}):
-        assert not closes_on_length(so) and closes_on_length({**so, "on_length": "close"})
+def test_closing_is_the_default_for_every_constraint():
+    for so in ({"json": {"type": "object"}}, {"json_object": True}, {"regex": "a+"}, {"choice": ["a"]},
+               {"grammar": "start: \"a\""}, {"structural_tag": {"structures": [], "triggers": []}}):
+        assert on_length(so) == "close"
+        for mode in ("cut", "close_as_length"):
+            assert on_length({**so, "on_length": mode}) == mode
 
 
 def test_bad_on_length_is_refused():

@@ -156,15 +156,17 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"
 DESCRIBE = [{"role": "user", "content": "Describe a person in detail as JSON."}]
 
 
-def test_json_that_reaches_max_tokens_still_parses(client, model):
-    """Closing is the default for JSON: at the budget the answer is closed,
-    not cut (finish_reason still "length"); on_length "cut" returns the cut
-    text."""
+def test_json_that_reaches_max_tokens_still_parses(server, client, model):
+    """Closing is the default: at the budget the answer is closed, not cut,
+    and ends "stop" with the ``closed`` marker (counted in /metrics);
+    on_length "cut" returns the cut text."""
     rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    before = metric(server, "guided_closed_outputs_total") or 0
     closed = client.chat.completions.create(model=model, messages=DESCRIBE, max_tokens=20,
                                             temperature=0, response_format=rf).choices[0]
-    assert closed.finish_reason == "length"
+    assert closed.finish_reason == "stop" and closed.closed is True
     jsonschema.validate(json.loads(closed.message.content), PERSON)
+    assert metric(server, "guided_closed_outputs_total") >= before + 1
     cut = client.chat.completions.create(model=model, messages=DESCRIBE, max_tokens=20, temperature=0,
                                          extra_body={"structured_outputs": {
                                              "json": PERSON, "on_length": "cut"}}).choices[0]

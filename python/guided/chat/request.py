@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..grammar import ComposedGrammar, check_on_length, closes_on_length, constraint_entry
+from ..grammar import ComposedGrammar, check_on_length, constraint_entry, on_length
 from .grammar import ReasoningPlan, Tool, ToolPlan, compose_chat, tool_args_entry
 from ..grammar.json_schema import json_schema_grammar
 from ..grammar.json_schema.strict import strict_schema
@@ -122,8 +122,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
                 reasoning.budget, params.max_tokens, _shortest(compile_check(body), params.max_tokens)))
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
         compile_check(text)
-        grammar = ComposedGrammar(text, _closes_on_length(o.structured_outputs, o.response_format,
-                                                          tool_plan, reasoning), _reasoning_end(reasoning))
+        answer_options = o.structured_outputs if o.structured_outputs is not None else o.response_format
+        grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(reasoning))
 
     schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
@@ -182,7 +182,12 @@ def _check_tools(tools, compile_check) -> list[dict]:
         schema = fn.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
             raise ValueError(f"{where}.function.parameters must be a JSON Schema of type 'object'")
-        if _strict(fn.get("strict"), f"{where}.function.strict"):
+        # Arguments carry the parameters the tool declares, as a function
+        # takes them (llama.cpp, xgrammar's strict mode, OpenAI's strict):
+        # an object that does not say additionalProperties takes no other
+        # property, unless the tool says "strict": false (JSON Schema's
+        # open default).
+        if _strict(fn.get("strict"), f"{where}.function.strict") or fn.get("strict") is None:
             schema = strict_schema(schema)
         entry = schema_entry(tool_args_entry, schema, f"{where}.function.parameters")
         schema_entry(lambda e: compile_check(json.dumps({"grammars": [e]})), entry,
@@ -235,22 +240,6 @@ def _strict(value, where: str) -> bool:
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"{where} must be a boolean")
     return bool(value)
-
-
-def _closes_on_length(so, rf, tools, reasoning) -> bool:
-    """Whether the message is steered to a complete one at the budget
-    instead of being cut: as the answer's ``on_length`` says where the
-    client set it; else always where it may hold tool calls or a reasoning
-    block (a cut call is lost; the closing writes their end tokens too), and
-    by default for JSON answers (structured_outputs' rule otherwise)."""
-    given = so if so is not None else rf
-    if given is not None and given.get("on_length") is not None:
-        return given["on_length"] == "close"
-    if tools is not None or (reasoning is not None and reasoning.mode != "forbidden"):
-        return True
-    if so is not None:
-        return closes_on_length(so)
-    return rf is not None   # json_schema and json_object alike
 
 
 #: Tokens a bounded reasoning block leaves for the answer beyond its

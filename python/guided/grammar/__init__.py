@@ -22,12 +22,16 @@ llguidance grammar JSON text (a TopLevelGrammar), compiled in Rust.
   :mod:`guided.grammar.structural_tag`.
 
 ``"on_length"`` beside any of them says what happens when the output
-reaches its budget (max_tokens or the context): ``"close"`` steers it to
-the shortest completion the grammar accepts, so it ends complete (still
-with finish_reason "length"); ``"cut"`` returns the text as it stood. The
-default is "close" for ``json`` (an agent that asked for JSON can always
-parse what it gets) and "cut" for the other constraints, whose shortest
-completion may be long or not what the client wants.
+reaches its budget (max_tokens or the context):
+
+- ``"close"`` (the default): near the budget the output is steered to the
+  shortest completion the grammar accepts and ends on an end token inside
+  max_tokens, with finish_reason "stop" and ``closed`` set (the structure
+  is whole; a value may be short). A request whose shortest complete
+  output cannot fit in max_tokens is refused before it starts.
+- ``"close_as_length"``: closed the same way, reported as "length" (for
+  clients that treat any output cut by the budget as truncated).
+- ``"cut"``: the text as it stood at the budget, finish_reason "length".
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ CONSTRAINT_KEYS = ("json", "json_object", "regex", "choice", "grammar", "structu
 #: the constraints that write JSON (closed at the budget by default)
 JSON_KEYS = ("json", "json_object")
 OPTION_KEYS = ("whitespace", "allow_special_tokens", "on_length")
-ON_LENGTH = ("close", "cut")
+ON_LENGTH = ("close", "close_as_length", "cut")
 
 
 def check_structured_outputs(so: Any) -> None:
@@ -67,12 +71,12 @@ def check_structured_outputs(so: Any) -> None:
 
 @dataclass(frozen=True)
 class ComposedGrammar:
-    """A composed grammar (TopLevelGrammar JSON text), whether an output
-    that reaches its budget is steered to a complete one, and where a
-    reasoning block must end."""
+    """A composed grammar (TopLevelGrammar JSON text), what an output that
+    reaches its budget does (``on_length``, see the module's doc), and
+    where a reasoning block must end."""
 
     text: str
-    close_on_length: bool = False
+    on_length: str = "close"
     #: a reasoning block's end token and the output length by which it must
     #: come (the engine writes it there); None: no reasoning budget
     reasoning_end: tuple[int, int] | None = None
@@ -80,24 +84,21 @@ class ComposedGrammar:
 
 def check_on_length(value: Any, where: str) -> None:
     if value is not None and value not in ON_LENGTH:
-        raise ValueError(f"{where} must be 'close' or 'cut', got {value!r}")
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, ON_LENGTH))}, got {value!r}")
 
 
-def closes_on_length(options: dict, is_json: bool | None = None) -> bool:
-    """Whether an output that reaches its budget is steered to a complete
-    one: ``options["on_length"]`` (structured_outputs or response_format),
-    by default only for JSON (``is_json``; for structured_outputs, whether
-    it has a "json" constraint)."""
-    if is_json is None:
-        is_json = any(k in options for k in JSON_KEYS)
-    return options.get("on_length", "close" if is_json else "cut") == "close"
+def on_length(options: dict | None) -> str:
+    """What an output does at its budget: ``options["on_length"]``
+    (structured_outputs or response_format) where given, else "close",
+    for every kind of constraint."""
+    return (options or {}).get("on_length") or "close"
 
 
 def compose(so: dict) -> ComposedGrammar:
     """The grammar of a request's ``structured_outputs``, composed where the
     request enters (the engine takes only composed grammars); raises
     ValueError on malformed content."""
-    return ComposedGrammar(json.dumps({"grammars": [constraint_entry(so)]}), closes_on_length(so))
+    return ComposedGrammar(json.dumps({"grammars": [constraint_entry(so)]}), on_length(so))
 
 
 def constraint_entry(so: dict) -> dict:

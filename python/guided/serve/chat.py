@@ -115,15 +115,17 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
             lp = {"content": chat_entries(s.texts, out.token_ids, *ranked(out.outputs[0])),
                   "refusal": None} if wants_logprobs else None
             choices.append({"index": i, "message": reply.message(), "logprobs": lp,
-                            "finish_reason": reply.finish_reason})
+                            "finish_reason": reply.finish_reason, "closed": out.outputs[0].closed})
         return {**head, "object": "chat.completion", "choices": choices,
                 "usage": total_usage(outs)}
 
     async def chunks():
         chunk = {**head, "object": "chat.completion.chunk"}
 
-        def one(i: int, delta: dict, finish=None, lp=None) -> dict:
+        def one(i: int, delta: dict, finish=None, lp=None, closed=None) -> dict:
             c = {"index": i, "delta": delta, "finish_reason": finish}
+            if closed is not None:
+                c["closed"] = closed
             if lp is not None:
                 c["logprobs"] = {"content": lp, "refusal": None}
             return {**chunk, "choices": [c]}
@@ -141,7 +143,8 @@ async def create_chat_completion(s: ServerState, body: ChatCompletionRequest,
             if u.finished:
                 finals[i] = u.finished
                 lp = pending[i] if wants_logprobs else None
-                yield one(i, {}, chat.parsers[i].finish_reason(u.finished), lp)
+                yield one(i, {}, chat.parsers[i].finish_reason(u.finished), lp,
+                          u.finished.outputs[0].closed)
         if body.include_usage:
             yield {**chunk, "choices": [], "usage": total_usage(finals)}
 

@@ -57,7 +57,7 @@ async def create_completion(s: ServerState, body: CompletionRequest,
             lp = completion_logprobs(s.texts, out.token_ids, *ranked(out.outputs[0]),
                                      len(prefix)) if wants_logprobs else None
             choices.append({"index": i, "text": prefix + out.text, "logprobs": lp,
-                            "finish_reason": out.finish_reason})
+                            "finish_reason": out.finish_reason, "closed": out.outputs[0].closed})
         return {**head, "choices": choices, "usage": total_usage(outs)}
 
     async def chunks():
@@ -74,8 +74,10 @@ async def create_completion(s: ServerState, body: CompletionRequest,
                 lp = completion_logprobs(s.texts, u.token_ids, u.logprobs, u.top_logprobs, offsets[i])
                 offsets[i] += len(u.text)
             if u.text or reason or (lp and lp["tokens"]):
-                yield {**head, "choices": [{"index": i, "text": u.text, "logprobs": lp,
-                                            "finish_reason": reason}]}
+                choice = {"index": i, "text": u.text, "logprobs": lp, "finish_reason": reason}
+                if u.finished:
+                    choice["closed"] = u.finished.outputs[0].closed
+                yield {**head, "choices": [choice]}
             if u.finished:
                 finals[i] = u.finished
         if body.include_usage:

@@ -71,12 +71,13 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(default=None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    on_length: str | None = None   # guided's own, as chat completions'
 
     def sampling_params(self) -> SamplingParams:
         try:
             return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature,
                                   top_p=self.top_p or 1.0, top_k=self.top_k or 0,
-                                  stop=list(self.stop_sequences or []))
+                                  stop=list(self.stop_sequences or []), on_length=self.on_length)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 
@@ -303,7 +304,8 @@ async def create_message(s: ServerState, body: MessagesRequest, disconnected=Non
                    if b.kind != "call" or b.call in parser.whole_calls]
         stop_reason, stop_sequence = _stop(out, chat)
         return {**head, "content": content, "stop_reason": stop_reason,
-                "stop_sequence": stop_sequence, "usage": _usage(chat, out)}
+                "stop_sequence": stop_sequence, "usage": _usage(chat, out),
+                "closed": out.outputs[0].closed}
 
     async def events():
         start = {**head, "content": [], "stop_reason": None, "stop_sequence": None,
@@ -322,7 +324,7 @@ async def create_message(s: ServerState, body: MessagesRequest, disconnected=Non
                 stop_reason, stop_sequence = _stop(u.finished, chat)
                 yield {"type": "message_delta",
                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                       "usage": _usage(chat, u.finished)}
+                       "usage": _usage(chat, u.finished), "closed": u.finished.outputs[0].closed}
                 yield {"type": "message_stop"}
 
     return await respond(chat.run, body.stream, events, whole, disconnected, typed_events=True)

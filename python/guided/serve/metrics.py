@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 _COUNTERS = ("prompt_tokens", "generated_tokens", "forced_tokens", "prefix_cache_hit_tokens",
              "prefix_cache_queries", "preemptions", "steps", "mask_rows",
              "draft_steps", "draft_tokens", "draft_lookups", "draft_lookups_kept",
-             "draft_step_tokens", "draft_mask_rows")
+             "draft_step_tokens", "draft_mask_rows", "closed_outputs")
 _GAUGES = ("num_running", "num_waiting", "num_free_blocks", "num_cached_blocks", "num_blocks")
 # Engine microsecond counters, exported in seconds.
 _SECONDS = {"mask_time_us": "mask_time_seconds", "mask_wait_us": "mask_wait_seconds",

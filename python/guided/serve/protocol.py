@@ -47,6 +47,9 @@ class _Common(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     # guided's own: speculative decoding for this request (None: as the server is set)
     speculative: bool | None = None
+    # guided's own: what a constrained answer does at max_tokens ("close",
+    # "close_as_length" or "cut"; None: as the constraint says)
+    on_length: str | None = None
 
     def sampling_params(self, default_max_tokens: int, choice: int = 0) -> SamplingParams:
         """The engine's params for choice ``choice`` of ``n``: with a seed,
@@ -61,7 +64,8 @@ class _Common(BaseModel):
                 presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                 repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
                 ignore_eos=self.ignore_eos, logit_bias=self.logit_bias,
-                logprobs=self.top_logprobs_wanted(), speculative=self.speculative)
+                logprobs=self.top_logprobs_wanted(), speculative=self.speculative,
+                on_length=self.on_length)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 

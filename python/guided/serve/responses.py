@@ -59,12 +59,14 @@ class ResponsesRequest(BaseModel):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
+    on_length: str | None = None   # guided's own, as chat completions'
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
                                   top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                                  seed=self.seed, repetition_penalty=self.repetition_penalty)
+                                  seed=self.seed, repetition_penalty=self.repetition_penalty,
+                                  on_length=self.on_length)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 
@@ -387,6 +389,7 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
                       "output_tokens_details": {"reasoning_tokens": chat.parsers[0].reasoning_tokens},
                       "total_tokens": prompt + completion}
         r["completed_at"] = time.time()
+        r["closed"] = out.outputs[0].closed
         if out.finish_reason == "error":
             r["status"] = "failed"
             r["error"] = {"code": "server_error", "message": out.error or "generation failed"}

@@ -1,8 +1,9 @@
-"""OpenAI's strict mode (``"strict": true`` on a json_schema response_format
-or a function tool): an object that does not say otherwise takes no
-properties beyond those it lists. Without strict, JSON Schema's own default
-holds (any other property is allowed), and a small model that invents
-properties may spend its budget inside one.
+"""OpenAI's strict mode (``"strict": true`` on a json_schema response_format,
+and the default for a function tool's parameters unless it says ``"strict":
+false``): an object that does not say otherwise takes no properties beyond
+those it lists. Without strict, JSON Schema's own default holds (any other
+property is allowed), and a small model that invents properties may spend
+its budget inside one (or call a function with a keyword it does not take).
 
 The rewrite only narrows: ``additionalProperties: false`` is added to each
 object schema that has none of additionalProperties, patternProperties and
