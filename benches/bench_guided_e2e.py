@@ -1,7 +1,7 @@
 """End-to-end guided decoding on the default model, one run:
 
     python benches/bench_guided_e2e.py [--batch 16] [--hf-batch 16] [--new-tokens 128]
-                                       [--skip-hf] [--json PATH]
+                                       [--skip-hf] [--skip-fp32] [--json PATH]
 
 (a) guided, constrained (a JSON schema) vs unconstrained, same prompts,
     greedy. The constrained run ends where its JSON ends (or at
@@ -16,7 +16,10 @@
     difference, clearest with a small --new-tokens that cuts every row) and
     the engine's counters over the constrained run: forced_tokens,
     mask_time_us, mask_wait_us (the part sample() waited for; the rest was
-    hidden behind the forward pass).
+    hidden behind the forward pass); and the host's time in the scheduler:
+    add_request per constrained request (its grammar seen before: the
+    warm-up compiled it and ran its first closing search) and update() per
+    step, constrained and free.
 (b) constrained throughput vs transformers ``generate`` (fp32, GGUF loaded
     with gguf_file=) with xgrammar's ``xgrammar.contrib.hf.LogitsProcessor``
     and with a llguidance logits processor (llguidance ships no HF processor:
@@ -111,8 +114,20 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
     # The runs interleaved, each repeat once in turn, best of each: a slow spell of the
     # machine then falls on every kind alike. "cut": without closing at the budget
     # (on_length="cut"), its outputs may be shorter, so it is compared per token.
+    host = {name: dict.fromkeys(("add_request_us", "update_us", "steps"), 0) for name in ("con", "free")}
+
+    def counted(name, fn):
+        """``fn`` with the engine's host time (add_request, update) counted for ``name``."""
+        def run():
+            before = llm.stats()
+            out = fn()
+            for k, v in host[name].items():
+                host[name][k] = v + llm.stats().get(k, 0) - before.get(k, 0)
+            return out
+        return run
+
     runs = {
-        "con": constrained,
+        "con": counted("con", constrained),
         "free": lambda: llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
                                                for n in lens]),
         "ff": lambda: llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0,
@@ -120,6 +135,7 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
         "cut": lambda: llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0,
                                                             structured_outputs={**so, "on_length": "cut"})),
     }
+    runs["free"] = counted("free", runs["free"])
     best, out = interleaved(runs, repeat)
     outs, free, cut = out["con"], out["free"], out["cut"]
     assert [len(o.token_ids) for o in outs] == lens and [len(o.token_ids) for o in free] == lens
@@ -129,7 +145,10 @@ def run_guided(llm: LLM, prompts, new_tokens: int, repeat: int):
     return {"tokens": n, "valid_json": valid, "finish": [o.finish_reason for o in outs],
             "con_tps": n / best["con"], "ff_off_tps": n / best["ff"], "free_tps": n / best["free"],
             "cut_tps": n_cut / best["cut"], "cut_valid": sum(map(_parses, (o.text for o in cut))),
-            **{k: v // repeat for k, v in delta.items()}, "sample_text": outs[0].text}
+            **{k: v // repeat for k, v in delta.items()}, "sample_text": outs[0].text,
+            "add_request_ms": host["con"]["add_request_us"] / 1e3 / (repeat * len(prompts)),
+            "update_ms": host["con"]["update_us"] / 1e3 / max(1, host["con"]["steps"]),
+            "free_update_ms": host["free"]["update_us"] / 1e3 / max(1, host["free"]["steps"])}
 
 
 def interleaved(runs: dict, repeat: int) -> tuple[dict, dict]:
@@ -156,7 +175,9 @@ def a_row(label: str, batch: int, r: dict) -> dict:
             "mask_ms": r["mask_time_us"] / 1e3, "mask_waited_ms": r["mask_wait_us"] / 1e3,
             "mask_hidden_pct": 100 * hidden, "cut_tok_s": r["cut_tps"],
             "cut_over_free": r["cut_tps"] / r["free_tps"], "cut_valid_json": r["cut_valid"],
-            "finish_reasons": {f: r["finish"].count(f) for f in set(r["finish"])}}
+            "finish_reasons": {f: r["finish"].count(f) for f in set(r["finish"])},
+            "add_request_ms": r["add_request_ms"], "update_ms_per_step": r["update_ms"],
+            "free_update_ms_per_step": r["free_update_ms"]}
 
 
 def _parses(text: str) -> bool:
@@ -238,6 +259,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-fp32", action="store_true", help="only the default dtype in (a)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     ap.add_argument("--json", metavar="PATH", help="also write the rows and the machine here")
     args = ap.parse_args()
@@ -251,7 +273,8 @@ def main() -> None:
     engines = {}
     default = LLM(enable_prefix_caching=False, max_num_seqs=args.batch)
     engines[f"default ({dtype_label(default)})"] = default
-    engines["float32"] = LLM(dtype="float32", enable_prefix_caching=False, max_num_seqs=args.batch)
+    if not args.skip_fp32:
+        engines["float32"] = LLM(dtype="float32", enable_prefix_caching=False, max_num_seqs=args.batch)
 
     print(f"\nSmolLM2-135M-Instruct Q4_1, CPU, {torch.get_num_threads()} threads, greedy, "
           f"<= {args.new_tokens} new tokens, prompts {min(map(len, prompts))}-{max(map(len, prompts))} "
@@ -271,6 +294,10 @@ def main() -> None:
               f"{r['ff_off_over_free']:>7.3f}{r['forced_tokens']:>7}{r['mask_ms']:>9.1f}"
               f"{r['mask_waited_ms']:>10.1f}{r['mask_hidden_pct']:>6.0f}%{r['cut_tok_s']:>10.1f}"
               f"{r['cut_over_free']:>6.3f}{r['cut_valid_json']:>6}")
+    for r in rows:
+        print(f"{r['dtype']}: add_request {r['add_request_ms']:.2f} ms a constrained request "
+              f"(warm: the grammar seen before); update() {r['update_ms_per_step']:.2f} ms a step "
+              f"constrained, {r['free_update_ms_per_step']:.2f} free")
     first = next(iter(a_rows.values()))
     print(f"\nfinish reasons: {rows[0]['finish_reasons']}; "
           f"row 0: {first['sample_text'][:160]!r}")

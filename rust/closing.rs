@@ -585,13 +585,13 @@ impl Closer {
         if last.tokens.is_empty() && remaining > 1 && m.is_accepting() {
             return Some(Closing::default()); // no copy of the matcher needed
         }
-        let fits = |c: &Closing| c.tokens.len() + 1 < remaining && completes(m, &c.tokens);
-        if fits(last) {
+        let fits = |m: &mut GrammarMatcher, c: &Closing| c.tokens.len() + 1 < remaining && m.completed_by(&c.tokens);
+        if fits(m, last) {
             return Some(last.clone());
         }
         let rest = last.bytes.strip_prefix(appended).filter(|r| !appended.is_empty() && !r.is_empty())?;
         let c = Closing { tokens: fewest_tokens(m, rest)?, bytes: rest.to_vec() };
-        fits(&c).then_some(c)
+        fits(m, &c).then_some(c)
     }
 }
 
@@ -716,6 +716,8 @@ XKEY: /"[a-z]*"/ & ~("\"zeta\"" | "\"b\"")
         m.consume(tok("a")).unwrap();
         let closing = shortest_completion(&m, 30).unwrap();
         assert!(completes(&m, &closing.tokens));
+        // the speculative check the closer makes each step agrees, special tokens and all
+        assert!(m.completed_by(&closing.tokens) && !m.completed_by(&closing.tokens[..closing.tokens.len() - 1]));
         assert_eq!(closing.tokens.first(), Some(&end_think), "{}", text(&closing.tokens));
         assert_eq!(closing.tokens.last(), Some(&end_call));
         // inside the arguments: the value, the object and the call close

@@ -212,7 +212,7 @@ impl GrammarCompiler {
             return Err(e);
         }
         let shared = Shared { byte_tokens: self.byte_tokens.clone(), hints: Arc::new(hints) };
-        Ok(Grammar { proto: Arc::new(Mutex::new(parser)), vocab_size: self.vocab_size, shared })
+        Ok(Grammar { proto: Arc::new(Mutex::new(parser)), vocab_size: self.vocab_size, shared, starts: Default::default() })
     }
 
     pub fn cache_stats(&self) -> CacheStats {
@@ -231,12 +231,35 @@ pub struct Grammar {
     proto: Arc<Mutex<TokenParser>>,
     vocab_size: usize,
     shared: Shared,
+    /// The first closing search of each request starts from the same state
+    /// for every request of this grammar (crate::closing): its result, per
+    /// (tokens forced at the start, budget).
+    starts: Arc<Mutex<HashMap<(usize, usize), Option<Vec<u32>>>>>,
 }
+
+/// Budgets whose first closing one grammar keeps (then it starts over).
+const MAX_STARTS: usize = 64;
 
 impl Grammar {
     pub fn matcher(&self) -> GrammarMatcher {
         let p = self.proto.lock().unwrap_or_else(|e| e.into_inner()).clone();
         GrammarMatcher { p, vocab_size: self.vocab_size, error: None, shared: self.shared.clone() }
+    }
+
+    /// `search()` for the state `key` names (tokens forced at the start,
+    /// budget), run once per grammar and key.
+    pub fn from_start(&self, key: (usize, usize), search: impl FnOnce() -> Option<Vec<u32>>) -> Option<Vec<u32>> {
+        let lock = || self.starts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = lock().get(&key) {
+            return hit.clone();
+        }
+        let found = search();
+        let mut starts = lock();
+        if starts.len() >= MAX_STARTS {
+            starts.clear();
+        }
+        starts.insert(key, found.clone());
+        found
     }
 }
 
@@ -533,6 +556,18 @@ impl GrammarMatcher {
         self.error.clone()
     }
 
+    /// Whether `tokens` take the grammar to a state that may end, checked
+    /// speculatively on this state (no copy, nothing consumed): the tokens
+    /// and an end token after them are all accepted.
+    pub fn completed_by(&mut self, tokens: &[u32]) -> bool {
+        let Some(&end) = self.trie().eos_tokens().first() else { return false };
+        if tokens.is_empty() {
+            return self.is_accepting();
+        }
+        let with_end: Vec<u32> = tokens.iter().copied().chain([end]).collect();
+        self.run(|p| wrap(p.validate_tokens_raw(&with_end))) == Ok(with_end.len())
+    }
+
     pub fn rollback(&mut self, n: usize) -> Result<(), String> {
         self.run(|p| wrap(p.rollback(n)))
     }
@@ -692,6 +727,24 @@ mod tests {
         // "no" cannot be extended: the grammar is done, only the end token is left.
         assert!(m.is_stopped());
         assert_eq!(allowed(&mut m), vec![eos]);
+    }
+
+    #[test]
+    fn the_first_closing_is_searched_once_per_grammar_and_key() {
+        let (c, _) = compiler();
+        let text = lark("start: \"yes\"");
+        let (g, again) = (c.compile(&text).unwrap(), c.compile(&text).unwrap());
+        let searches = std::cell::Cell::new(0);
+        let search = || {
+            searches.set(searches.get() + 1);
+            Some(vec![tok("yes")])
+        };
+        assert_eq!(g.from_start((0, 8), search), Some(vec![tok("yes")]));
+        // the compile cache's copy shares it; another budget is searched
+        assert_eq!(again.from_start((0, 8), search), Some(vec![tok("yes")]));
+        assert_eq!(searches.get(), 1);
+        again.from_start((0, 9), search);
+        assert_eq!(searches.get(), 2);
     }
 
     #[test]

@@ -92,7 +92,8 @@ pub struct StepPlan {
 /// One sampled row after `update()`: `token` is -1 when it was not appended
 /// (the mask allowed nothing, or the grammar rejected it; then the reason is
 /// Error). `forced` are the tokens the grammar forced after it, appended
-/// without sampling; `error` says why a row failed.
+/// without sampling; `error` says why a row failed; `closed`: the budget's
+/// closing wrote the output's end (see [`crate::sequence::Commit::closed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepOutput {
     pub seq_id: SeqId,
@@ -105,7 +106,6 @@ pub struct StepOutput {
     pub more: Vec<u32>,
     pub more_forced: usize,
     pub error: Option<String>,
-    /// The budget's closing wrote the end of the output (see [`Commit::closed`]).
     pub closed: bool,
 }
 
@@ -219,8 +219,7 @@ impl Scheduler {
         &self.cfg
     }
 
-    /// Queue a request; on error nothing changes.
-    /// `seq_id` must be in [0, 2**63) (plans carry ids as int64).
+    /// Queue a request; on error nothing changes. `seq_id` in [0, 2**63).
     pub fn add_request(&mut self, seq_id: i128, prompt: &[i64], req: &RequestParams) -> Result<(), Error> {
         self.add_constrained(seq_id, prompt, req, None, Steering::default()).map(|_| ())
     }
@@ -253,10 +252,8 @@ impl Scheduler {
         if req.speculative.unwrap_or(spec.by_default) && spec.max_tokens > 0 && req.logprobs.is_none() {
             seq.speculation = Some(Speculation::default());
         }
-        let forced = match grammar {
-            Some(g) => seq.constrain(g.matcher(), req.fast_forward, steering, self.max_len).map_err(Error::Invalid)?,
-            None => Vec::new(),
-        };
+        let constrain = |g| seq.constrain(g, req.fast_forward, steering, self.max_len).map_err(Error::Invalid);
+        let forced = grammar.map(constrain).transpose()?.unwrap_or_default();
         self.counters.forced_tokens += forced.len();
         self.next_arrival += 1;
         self.seqs.insert(seq_id, seq);

@@ -1,8 +1,8 @@
 //! Per-request token state.
 
 use crate::block_manager::SeqBlocks;
-use crate::closing::{shortest_completion, Closer, MAX_BYTES};
-use crate::grammar::{GrammarMatcher, MAX_FF_ROUNDS};
+use crate::closing::{shortest_completion, Closer, Closing, MAX_BYTES};
+use crate::grammar::{Grammar, GrammarMatcher, MAX_FF_ROUNDS};
 use crate::speculative::{Draft, Speculation};
 use crate::random::Stream;
 use crate::sampling::SamplingParams;
@@ -375,7 +375,8 @@ impl Sequence {
     /// sampling. With `close_on_length`, the output is steered to a complete
     /// one before the budget runs out (see [`crate::closing`]); Err (and
     /// nothing attached) where the shortest complete one cannot fit.
-    pub fn constrain(&mut self, mut matcher: GrammarMatcher, fast_forward: bool, steering: Steering, max_len: usize) -> Result<Vec<u32>, String> {
+    pub fn constrain(&mut self, grammar: &Grammar, fast_forward: bool, steering: Steering, max_len: usize) -> Result<Vec<u32>, String> {
+        let mut matcher = grammar.matcher();
         // Also caches them for the first mask, so the mask thread need not tokenize.
         let mut forced = matcher.forced_tokens();
         if !fast_forward || forced.len() >= self.stop.max_tokens {
@@ -399,7 +400,12 @@ impl Sequence {
             let left = self.remaining(max_len);
             // Within the budget first (a tighter search); the longer search
             // only to say how much is needed.
-            let found = shortest_completion(&matcher, left).or_else(|| shortest_completion(&matcher, MAX_BYTES));
+            // (the same search for every request of this grammar: found once)
+            let search = |budget| {
+                let tokens = grammar.from_start((forced.len(), budget), || shortest_completion(&matcher, budget).map(|c| c.tokens));
+                tokens.map(|tokens| Closing { bytes: matcher.bytes_of(&tokens), tokens })
+            };
+            let found = search(left).or_else(|| search(MAX_BYTES));
             match found {
                 Some(t) if t.tokens.len() <= left => {
                     // Room for the end token after the closing, where there is any.

@@ -160,7 +160,11 @@ class Engine:
         self._pending: list[StepUpdate] = []
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0,
                          "steps": 0, "requests_finished": 0, "requests_failed": 0,
-                         "closed_outputs": 0}
+                         "closed_outputs": 0,
+                         # host time in the scheduler's add_request (the
+                         # grammar's start, its first closing search) and
+                         # update (commits, grammar advances, closing)
+                         "add_request_us": 0, "update_us": 0}
         blocks = self.runner.num_blocks
         log.info("KV cache on %s: %d blocks of %d tokens (%d tokens), max_model_len %d",
                  loaded.device, blocks, config.block_size, blocks * config.block_size,
@@ -221,11 +225,13 @@ class Engine:
             self._pending.append(StepUpdate(rid, "", None, done))
             return rid
         on_length = params.on_length or (grammar.on_length if grammar is not None else "cut")
+        started = time.perf_counter()
         forced = self.scheduler.add_request(
             rid, prompt_ids, params, compiled,
             close_on_length=compiled is not None and on_length != "cut",
             closed_as_length=compiled is not None and on_length == "close_as_length",
             reasoning_end=grammar.reasoning_end if compiled is not None else None)
+        self.counters["add_request_us"] += int((time.perf_counter() - started) * 1e6)
         self.requests[rid] = req
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)
@@ -264,7 +270,10 @@ class Engine:
         draws: dict = {}   # a sequence's first row (one with a draft has more)
         for sid, draw in zip(plan.sample_seq_ids.tolist(), zip(logprobs.tolist(), tops)):
             draws.setdefault(sid, draw)
-        updates = self._apply(self.scheduler.update(tokens), draws)
+        committed = time.perf_counter()
+        events = self.scheduler.update(tokens)
+        self.counters["update_us"] += int((time.perf_counter() - committed) * 1e6)
+        updates = self._apply(events, draws)
         cost = self.step_cost.add(plan.num_tokens, forward, time.perf_counter() - started)
         if cost is not None:
             self.scheduler.set_step_cost(*cost)
@@ -301,8 +310,10 @@ class Engine:
                 req.detok.push(new[-1])
             elif new[-1] in req.params.stop_token_ids:
                 req.stop_reason = new[-1]
-            if reason is None and self._cut_at_stop_string(req):
-                self.scheduler.abort(req.id)
+            # (a step that ended it may have written one too: forced tokens, a closing)
+            if reason != "error" and self._cut_at_stop_string(req):
+                if reason is None:
+                    self.scheduler.abort(req.id)
                 reason = "stop"
             req.forced_start = []
             if reason == "error":

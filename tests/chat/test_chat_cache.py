@@ -30,8 +30,9 @@ def agent_loop(llm, turns: int = 4, system: bool = True, **options) -> list[tupl
     ratios, previous = [], None
     for turn in range(turns):
         last = turn == turns - 1
-        # the last turn is measured by its prompt alone: one token of answer will do
-        [out] = llm.chat(messages, SamplingParams(max_tokens=1 if last else 64), tools=TOOLS,
+        # the last turn is measured by its prompt alone: a short answer will do (as
+        # many tokens as a family's reasoning markup needs, at least)
+        [out] = llm.chat(messages, SamplingParams(max_tokens=8 if last else 64), tools=TOOLS,
                          tool_choice="none" if last else "required", parallel_tool_calls=False,
                          **options)
         reply = out.outputs[0]
