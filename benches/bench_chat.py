@@ -8,10 +8,11 @@ result, and the last turn answers in text (tool_choice="none"). The whole
 conversation is sent back every turn, as an OpenAI client does.
 
 With --budget-sweep it also runs the budget sweep: tool_choice "required"
-and a named tool at max_tokens from the shortest call up to +32 tokens,
-temperature 1.0 over --seeds seeds, and prints per budget the share of
-answers with whole calls whose arguments validate, the share that ran into
-the budget (and were closed), and the forced-token share.
+and a named tool, on tools as OpenAI's function-calling guide writes them,
+at every max_tokens from the shortest call up to +32 tokens, temperature
+1.0 over --seeds seeds, and prints per budget the share of answers with
+whole calls whose arguments validate, the share the closing ended, the
+finish reasons, and the closing's time per request (p50, p99).
 
 Printed per turn: prompt and generated tokens, tokens/s (generated / wall
 time of the turn, prefill included), the forced-token share (tokens the
@@ -86,20 +87,47 @@ def run(llm: LLM, batch: int, turns: int, max_tokens: int) -> list[dict]:
     return rows
 
 
+#: tools as OpenAI's function-calling guide writes them: open strings, an
+#: enum, strict (every property required, no other)
+OPENAI_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get current temperature for a given location.",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "description": "City and country e.g. Bogotá, Colombia"},
+            "units": {"type": ["string", "null"], "enum": ["celsius", "fahrenheit"],
+                      "description": "Units the temperature will be returned in."}},
+            "required": ["location", "units"], "additionalProperties": False}, "strict": True}},
+    {"type": "function", "function": {
+        "name": "send_email", "description": "Send an email to a given recipient with a subject "
+                                             "and message.",
+        "parameters": {"type": "object", "properties": {
+            "to": {"type": "string", "description": "The recipient email address."},
+            "subject": {"type": "string", "description": "Email subject line."},
+            "body": {"type": "string", "description": "Body of the email message."}},
+            "required": ["to", "subject", "body"], "additionalProperties": False}, "strict": True}},
+]
+#: budgets beyond the shortest call, every one of them
+SWEEP = range(0, 33)
+
+
 def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
+    """Required and named calls with OPENAI_TOOLS at every budget from the
+    shortest call to +32 tokens: whole calls that validate, finish
+    reasons, and each request's closing time (rust/closing.rs: its first
+    search, fit checks and searches), p50 and p99."""
     import jsonschema
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    ask = conversations(1)[0]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in OPENAI_TOOLS}
+    ask = [{"role": "user", "content": "Email Ana (ana@example.com) about the weather in Paris, "
+                                       "with a long, friendly message."}]
     rows = []
-    for choice in ("required", {"type": "function", "function": {"name": "search_flights"}}):
-        plan = llm.prepare_chat(ask, SamplingParams(max_tokens=2048), ChatOptions(tools=TOOLS, tool_choice=choice))
+    for choice in ("required", {"type": "function", "function": {"name": "send_email"}}):
+        options = ChatOptions(tools=OPENAI_TOOLS, tool_choice=choice)
+        plan = llm.prepare_chat(ask, SamplingParams(max_tokens=2048), options)
         least = len(llm.engine.grammar_compiler.compile(plan.grammar.text).matcher().shortest_completion(2048))
-        for extra in (0, 8, 16, 32):
+        for extra in SWEEP:
             params = [SamplingParams(max_tokens=least + extra, temperature=1.0, seed=s) for s in range(seeds)]
-            before = llm.stats()
-            replies = [o.outputs[0] for o in llm.run_chat(
-                [llm.prepare_chat(ask, p, ChatOptions(tools=TOOLS, tool_choice=choice)) for p in params])]
-            after = llm.stats()
+            llm.engine.closing_times.clear()
+            replies = [o.outputs[0] for o in llm.run_chat([llm.prepare_chat(ask, p, options) for p in params])]
             valid = 0
             for r in replies:
                 try:
@@ -109,11 +137,12 @@ def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
                     valid += bool(r.tool_calls)
                 except (jsonschema.ValidationError, ValueError, KeyError):
                     pass
-            generated = after["generated_tokens"] - before["generated_tokens"]
+            times = sorted(llm.engine.closing_times) or [0]
             rows.append({"choice": choice if isinstance(choice, str) else "named", "max_tokens": least + extra,
-                         "valid": valid / len(replies),
-                         "length": sum(r.finish_reason == "length" for r in replies) / len(replies),
-                         "forced": (after["forced_tokens"] - before["forced_tokens"]) / max(generated, 1)})
+                         "valid": valid / len(replies), "closed": sum(r.closed for r in replies) / len(replies),
+                         "finish": sorted({r.finish_reason for r in replies}),
+                         "closing_p50_ms": times[len(times) // 2] / 1e3,
+                         "closing_p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] / 1e3})
     return rows
 
 
@@ -138,12 +167,13 @@ def main() -> None:
         print(f"| {r['turn']} | {r['prompt']} | {r['generated']} | {r['calls']} | {r['tok_s']:.1f} | "
               f"{r['forced']:.1%} | {r['hit']:.1%} | {rt} |")
     if args.budget_sweep:
-        print(f"\nbudget sweep: temperature 1.0, {args.seeds} seeds per row")
-        print("| tool_choice | max_tokens | whole valid calls | ran into the budget (closed) | forced share |")
-        print("|---|---|---|---|---|")
+        print(f"\nbudget sweep: OpenAI's example tools, temperature 1.0, {args.seeds} seeds per row")
+        print("| tool_choice | max_tokens | whole valid calls | closed at the budget | finish | "
+              "closing p50 ms | closing p99 ms |")
+        print("|---|---|---|---|---|---|---|")
         for r in budget_sweep(llm, args.seeds):
-            print(f"| {r['choice']} | {r['max_tokens']} | {r['valid']:.0%} | {r['length']:.0%} | "
-                  f"{r['forced']:.1%} |")
+            print(f"| {r['choice']} | {r['max_tokens']} | {r['valid']:.0%} | {r['closed']:.0%} | "
+                  f"{','.join(r['finish'])} | {r['closing_p50_ms']:.2f} | {r['closing_p99_ms']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -553,6 +553,8 @@ pub struct Closer {
     /// Tokens of the budget kept for the end token written after the
     /// closing (0 or 1), so a closed output ends as one the model ended.
     pub reserve: usize,
+    /// Microseconds spent on this request's closing (searches, fit checks).
+    pub spent_us: u64,
 }
 
 const MARGIN: usize = 16;
@@ -577,9 +579,11 @@ impl Closer {
     }
 
     /// The last completion, or what is left of it after `appended` (bytes
-    /// just written that begin it), where it still completes `m` with room
-    /// to spare: a cheap check that spares most searches (the model writing
-    /// on inside a string leaves its completion as it was).
+    /// just written that begin it), or else a rest of it (see [`rests`]),
+    /// where it still completes `m` with room to spare: cheap checks that
+    /// spare most searches (the model writing on inside a string leaves its
+    /// completion as it was; one that wrote a value of its own where the
+    /// completion had a short one leaves the rest of it).
     pub fn still_fits(&self, m: &mut GrammarMatcher, appended: &[u8], remaining: usize) -> Option<Closing> {
         let last = &self.last;
         if last.tokens.is_empty() && remaining > 1 && m.is_accepting() {
@@ -589,10 +593,29 @@ impl Closer {
         if fits(m, last) {
             return Some(last.clone());
         }
-        let rest = last.bytes.strip_prefix(appended).filter(|r| !appended.is_empty() && !r.is_empty())?;
-        let c = Closing { tokens: fewest_tokens(m, rest)?, bytes: rest.to_vec() };
-        fits(m, &c).then_some(c)
+        let after = last.bytes.strip_prefix(appended).filter(|r| !appended.is_empty() && !r.is_empty());
+        for bytes in after.into_iter().map(<[u8]>::to_vec).chain(rests(&last.bytes)) {
+            if let Some(tokens) = fewest_tokens(m, &bytes) {
+                let c = Closing { tokens, bytes };
+                if fits(m, &c) {
+                    return Some(c);
+                }
+            }
+        }
+        None
     }
+}
+
+/// Where a value, key or container ends in JSON text, and what may follow.
+const BOUNDARIES: &[u8] = b"\",:]}";
+
+/// The rests of a completion worth trying from a later state, shortest
+/// first: what starts or follows each place where a value or key ends in
+/// it, alone or after a `"` that ends a string the model left open.
+fn rests(bytes: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let at = move |i: usize| BOUNDARIES.contains(&bytes[i]);
+    let cuts = (1..bytes.len()).rev().filter(move |&i| at(i - 1) || at(i));
+    cuts.flat_map(move |i| [bytes[i..].to_vec(), [b"\"", &bytes[i..]].concat()])
 }
 
 #[cfg(test)]
@@ -765,6 +788,26 @@ XKEY: /"[a-z]*"/ & ~("\"zeta\"" | "\"b\"")
         assert!(c.due(150)); // a quarter of the slack has passed
         c.record(ten, 150);
         assert!(c.due(36) && !c.due(140));
+    }
+
+    #[test]
+    fn a_value_of_the_models_own_leaves_the_rest_of_the_completion() {
+        let g = schema(r#"{"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}, "required": ["n", "s"], "additionalProperties": false}"#);
+        let mut m = after(&g, r#"{"n": "#);
+        let c = shortest_completion(&m, 50).unwrap();
+        assert!(c.bytes.starts_with(b"1"), "{:?}", String::from_utf8_lossy(&c.bytes));
+        let mut closer = Closer::default();
+        closer.record(c.clone(), 40);
+        // the model writes 0 where the completion had 1 (01 is no number): the rest after it closes
+        m.consume(tok("0")).unwrap();
+        let kept = closer.still_fits(&mut m, b"0", 40).unwrap();
+        assert_eq!(&kept.bytes[..], &c.bytes[1..]);
+        assert!(completes(&m, &kept.tokens));
+        // inside a string of its own: a quote before the rest
+        let mut m = after(&g, r#"{"n": 1, "s": "ab"#);
+        closer.record(shortest_completion(&after(&g, r#"{"n": 1, "#), 50).unwrap(), 40);
+        let kept = closer.still_fits(&mut m, b"", 40).unwrap();
+        assert!(completes(&m, &kept.tokens) && kept.bytes.starts_with(b"\""));
     }
 
     #[test]

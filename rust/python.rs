@@ -214,6 +214,7 @@ struct PyStepOutput {
     more_forced: usize,
     error: Option<String>,
     closed: bool,
+    closing_us: u64,
 }
 
 impl From<StepOutput> for PyStepOutput {
@@ -228,6 +229,7 @@ impl From<StepOutput> for PyStepOutput {
             more_forced: o.more_forced,
             error: o.error,
             closed: o.closed,
+            closing_us: o.closing_us,
         }
     }
 }

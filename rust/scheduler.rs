@@ -93,7 +93,8 @@ pub struct StepPlan {
 /// (the mask allowed nothing, or the grammar rejected it; then the reason is
 /// Error). `forced` are the tokens the grammar forced after it, appended
 /// without sampling; `error` says why a row failed; `closed`: the budget's
-/// closing wrote the output's end (see [`crate::sequence::Commit::closed`]).
+/// closing wrote the output's end (see [`crate::sequence::Commit::closed`]),
+/// `closing_us` the time its closing took in all (on the row that finished).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepOutput {
     pub seq_id: SeqId,
@@ -107,6 +108,7 @@ pub struct StepOutput {
     pub more_forced: usize,
     pub error: Option<String>,
     pub closed: bool,
+    pub closing_us: u64,
 }
 
 /// One sequence's part of a step: its id, how many of its tokens, and the
@@ -852,7 +854,7 @@ impl Scheduler {
             self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s))).collect();
         rows.sort_unstable_by_key(|(i, _)| *i);
         let (eos, max_len, spans) = (&self.eos, self.max_len, &flight.spans);
-        let commits: Vec<(usize, Verified, usize)> = rows
+        let commits: Vec<(usize, Verified, usize, u64)> = rows
             .into_par_iter()
             .map(|(i, seq)| {
                 let span = &spans[i];
@@ -863,14 +865,15 @@ impl Scheduler {
                     }
                     None => seq.commit(sampled[span.first], eos, max_len).into(),
                 };
-                (i, v, seq.num_cached_tokens.unwrap_or(0))
+                let closing_us = seq.constraint.as_ref().and_then(|c| c.closer.as_ref()).map_or(0, |c| c.spent_us);
+                (i, v, seq.num_cached_tokens.unwrap_or(0), closing_us)
             })
             .collect();
         // The draft tokens kept are computed: into the cache before a finished one goes.
         let drafted: Vec<SeqId> = spans.iter().filter(|s| !s.draft.is_empty()).map(|s| s.id).collect();
         self.commit(&drafted);
         let mut out = Vec::with_capacity(commits.len());
-        for (i, v, num_cached_tokens) in commits {
+        for (i, v, num_cached_tokens, closing_us) in commits {
             let span = &flight.spans[i];
             let (id, token, c) = (span.id, sampled[span.first], &v.first);
             self.counters.forced_tokens += c.forced.len() + v.more_forced;
@@ -889,6 +892,7 @@ impl Scheduler {
                 more_forced: v.more_forced,
                 error: v.error,
                 closed: v.closed,
+                closing_us: if v.reason.is_some() { closing_us } else { 0 },
             });
             if v.reason.is_some() {
                 self.forget(id);

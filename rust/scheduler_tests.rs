@@ -53,7 +53,7 @@ fn prefill_then_decode() {
     assert_eq!(plan.sample_seq_ids, vec![7]);
     assert!(!plan.is_decode_only);
     let out = s.update(&[5]).unwrap();
-    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], more: vec![], more_forced: 0, error: None, closed: false }]);
+    assert_eq!(out, vec![StepOutput { seq_id: 7, token: 5, finish_reason: None, num_cached_tokens: 0, forced: vec![], more: vec![], more_forced: 0, error: None, closed: false, closing_us: 0 }]);
     let plan = s.schedule().unwrap();
     assert_eq!((plan.input_ids.clone(), plan.positions.clone()), (vec![5], vec![40]));
     assert_eq!(plan.context_lens, vec![41]);

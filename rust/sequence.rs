@@ -405,7 +405,9 @@ impl Sequence {
                 let tokens = grammar.from_start((forced.len(), budget), || shortest_completion(&matcher, budget).map(|c| c.tokens));
                 tokens.map(|tokens| Closing { bytes: matcher.bytes_of(&tokens), tokens })
             };
+            let started = std::time::Instant::now();
             let found = search(left).or_else(|| search(MAX_BYTES));
+            closer.spent_us = started.elapsed().as_micros() as u64;
             match found {
                 Some(t) if t.tokens.len() <= left => {
                     // Room for the end token after the closing, where there is any.
@@ -502,7 +504,11 @@ impl Sequence {
             out.replaced_by = u32::try_from(token).ok();
         }
         if c.closer.is_some() && matches!(out.reason, None | Some(FinishReason::Length)) {
+            let started = std::time::Instant::now();
             self.close_if_due(c, &mut out, before, consumed, eos, max_len);
+            if let Some(closer) = c.closer.as_mut() {
+                closer.spent_us += started.elapsed().as_micros() as u64;
+            }
         }
         out
     }

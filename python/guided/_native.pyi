@@ -120,6 +120,10 @@ class StepOutput:
         """The budget's closing wrote the end of the output (see
         ``Scheduler.add_request``'s ``close_on_length``)."""
     @property
+    def closing_us(self) -> int:
+        """On the row that finished a closing request: microseconds its
+        closing took in all (first search, fit checks, searches); else 0."""
+    @property
     def more(self) -> list[int]:
         """With a draft (speculative decoding): the tokens later draws of the
         step appended after ``forced``, ``more_forced`` of them forced."""

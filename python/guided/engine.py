@@ -10,6 +10,7 @@ strings.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
@@ -164,7 +165,12 @@ class Engine:
                          # host time in the scheduler's add_request (the
                          # grammar's start, its first closing search) and
                          # update (commits, grammar advances, closing)
-                         "add_request_us": 0, "update_us": 0}
+                         "add_request_us": 0, "update_us": 0,
+                         # the closing's time of finished requests (rust/closing.rs)
+                         "closing_us": 0}
+        #: per finished closing request, the microseconds its closing took
+        #: (the latest ones: benches read percentiles from it)
+        self.closing_times: collections.deque[int] = collections.deque(maxlen=4096)
         blocks = self.runner.num_blocks
         log.info("KV cache on %s: %d blocks of %d tokens (%d tokens), max_model_len %d",
                  loaded.device, blocks, config.block_size, blocks * config.block_size,
@@ -302,6 +308,9 @@ class Engine:
                 self._append(req, t, 0.0)
             req.num_forced += len(ev.forced) + ev.more_forced
             req.closed = ev.closed
+            if ev.closing_us:
+                self.counters["closing_us"] += ev.closing_us
+                self.closing_times.append(ev.closing_us)
             self.counters["generated_tokens"] += len(new)
             for t in new[:-1]:
                 req.detok.push(t)

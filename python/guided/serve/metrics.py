@@ -13,7 +13,7 @@ _GAUGES = ("num_running", "num_waiting", "num_free_blocks", "num_cached_blocks",
 # Engine microsecond counters, exported in seconds.
 _SECONDS = {"mask_time_us": "mask_time_seconds", "mask_wait_us": "mask_wait_seconds",
             "draft_mask_us": "draft_mask_seconds", "add_request_us": "add_request_seconds",
-            "update_us": "update_seconds"}
+            "update_us": "update_seconds", "closing_us": "closing_seconds"}
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5)
