@@ -376,10 +376,23 @@ impl Sequence {
     /// one before the budget runs out (see [`crate::closing`]); Err (and
     /// nothing attached) where the shortest complete one cannot fit.
     pub fn constrain(&mut self, grammar: &Grammar, fast_forward: bool, steering: Steering, max_len: usize) -> Result<Vec<u32>, String> {
+        let out = self.start(grammar, fast_forward, fast_forward, steering, max_len);
+        match out {
+            // The forced tokens may split what one token writes (`get_` `time`
+            // where `get_time` is one): without them, sampled instead, the
+            // shortest output may still fit.
+            Err(_) if fast_forward => self.start(grammar, true, false, steering, max_len),
+            out => out,
+        }
+    }
+
+    /// [`Self::constrain`], appending the tokens forced at the start where
+    /// `take_forced`; on Err the sequence is left as it was.
+    fn start(&mut self, grammar: &Grammar, fast_forward: bool, take_forced: bool, steering: Steering, max_len: usize) -> Result<Vec<u32>, String> {
         let mut matcher = grammar.matcher();
         // Also caches them for the first mask, so the mask thread need not tokenize.
         let mut forced = matcher.forced_tokens();
-        if !fast_forward || forced.len() >= self.stop.max_tokens {
+        if !take_forced || forced.len() >= self.stop.max_tokens {
             forced.clear();
         } else {
             let n = matcher.advance(&forced).unwrap_or(0);
@@ -416,7 +429,10 @@ impl Sequence {
                     closer.record(t, left - closer.reserve);
                 }
                 // (counted from the output's start: forced tokens are output too)
-                Some(t) => return Err(too_long(forced.len() + t.tokens.len(), forced.len() + left)),
+                Some(t) => {
+                    self.token_ids.truncate(self.token_ids.len() - forced.len());
+                    return Err(too_long(forced.len() + t.tokens.len(), forced.len() + left));
+                }
                 // Beyond what the search finds from the start (a pattern it
                 // cannot write, say): searched again as the output grows,
                 // and cut, as without closing, where none is ever found.
