@@ -155,7 +155,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=16)
     args = ap.parse_args()
     llm = LLM(max_num_seqs=max(args.batch, 8))
-    run(llm, 2, 2, 16)  # warm-up: first-call allocations and grammar compiles
+    run(llm, 2, 2, 64)  # warm-up: first-call allocations and grammar compiles
     rows = run(llm, args.batch, args.turns, args.max_tokens)
     print(f"\n4-turn tool-calling agent loop, batch {args.batch}, default model "
           f"({llm.chat_format.tools.format.name} tool format)")

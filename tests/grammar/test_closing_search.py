@@ -1,7 +1,8 @@
 """The closing search on generated material: random JSON schemas (required
 and optional keys, open and closed objects, patterns and formats,
 lengths, enums, nested objects and arrays with minItems, anyOf, $ref),
-random regexes and Lark grammars; from a random point the model could
+random regexes and Lark grammars (where none is found, a brute force over
+short texts finds none either); from a random point the model could
 reach (a walk of random tokens the grammar allows, long undeclared values
 included), the completion the search returns is accepted, and the whole
 text validates (jsonschema with its format checker, re.fullmatch)."""
@@ -148,3 +149,74 @@ def test_a_regex_closes_from_any_point(llm, pattern, data):
     text, rest = _close(llm, grammar, data)
     assert rest is not None, f"no completion after {text!r} for {pattern!r}"
     assert re.fullmatch(pattern, text), (pattern, text)
+
+
+#: Lark pieces: literals that delimit, and terminals, some of which may
+#: swallow a delimiter (`/[a-z][^,]+/` before `">"`) and leave no completion.
+LITERALS = ['"<"', '">"', '","', '":"', '"["', '"]"', '"ab"']
+TERMINALS = [r"/[a-z]+/", r"/[0-9]{2}/", r"/[a-z][^,]+/", r"/x[a-c]*-/", r"/[A-Z][a-z]?/", r"/@[a-z]+\./"]
+
+
+def _larks():
+    """A start rule of literals, terminals and groups (?, *, +), with the
+    terminals it names defined."""
+    leaf = st.one_of(st.sampled_from(LITERALS), st.integers(0, len(TERMINALS) - 1).map(lambda i: f"T{i}"))
+    seq = st.recursive(st.lists(leaf, min_size=1, max_size=3).map(" ".join), lambda inner: st.lists(
+        st.one_of(leaf, st.builds(lambda s, q: f"({s}){q}", inner, st.sampled_from(["?", "*", "+"]))),
+        min_size=1, max_size=3).map(" ".join), max_leaves=6)
+    return seq.map(lambda body: f"start: {body}\n" + "".join(
+        f"T{i}: {t}\n" for i, t in enumerate(TERMINALS) if f"T{i}" in body))
+
+
+_CHARS: dict[int, np.ndarray] = {}
+
+
+#: The characters the brute force writes: the literals' and one of each
+#: terminal's classes (enough to end any lexeme the generated grammars have).
+CHARS = "<>,:[]abx-@.A0"
+
+
+def _char_tokens(llm) -> np.ndarray:
+    """The tokens of CHARS, one character each."""
+    tok = llm.engine.tokenizer
+    if id(tok) not in _CHARS:
+        ids = {tok.encode_text(c)[0] for c in CHARS if len(tok.encode_text(c)) == 1}
+        _CHARS[id(tok)] = np.array(sorted(ids))
+    return _CHARS[id(tok)]
+
+
+def _exists(llm, matcher, depth: int) -> bool:
+    """Brute force: whether some text of at most ``depth`` characters of
+    CHARS (each a one-character token the grammar allows here) completes
+    ``matcher``."""
+    if matcher.is_accepting():
+        return True
+    if depth == 0:
+        return False
+    allowed = np.intersect1d(_allowed(matcher.compute_mask(), llm.engine.tokenizer.vocab_size), _char_tokens(llm))
+    for t in allowed.tolist():
+        if matcher.consume_token(t):
+            found = _exists(llm, matcher, depth - 1)
+            matcher.rollback(1)
+            if found:
+                return True
+    return False
+
+
+#: The longest completion the brute force looks for, in characters.
+BRUTE_DEPTH = 3
+
+
+@SETTINGS
+@given(lark=_larks(), data=st.data())
+def test_a_lark_grammar_closes_from_any_point_where_a_completion_exists(llm, lark, data):
+    grammar = llm.compile_grammar({"grammar": lark})
+    m = grammar.matcher()
+    taken = _walk(llm, m, data)
+    rest = m.shortest_completion(BUDGET)
+    text = llm.engine.tokenizer.decode(taken)
+    if rest is None:
+        # none found: then none of a few characters exists either
+        assert not _exists(llm, m, BRUTE_DEPTH), f"a completion exists after {text!r} for\n{lark}"
+        return
+    assert m.consume_tokens(rest) and m.is_accepting(), (lark, text, rest)
