@@ -92,9 +92,8 @@ pub struct StepPlan {
 /// One sampled row after `update()`: `token` is -1 when it was not appended
 /// (the mask allowed nothing, or the grammar rejected it; then the reason is
 /// Error). `forced` are the tokens the grammar forced after it, appended
-/// without sampling; `error` says why a row failed; `closed`: the budget's
-/// closing wrote the output's end (see [`crate::sequence::Commit::closed`]),
-/// `closing_us` the time its closing took in all (on the row that finished).
+/// without sampling; `error` says why a row failed; `closed` and
+/// `closing_us`: see [`crate::sequence::Verified`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepOutput {
     pub seq_id: SeqId,
@@ -230,15 +229,9 @@ impl Scheduler {
     /// tokens the grammar forces at the start, already appended to the
     /// output when `req.fast_forward` is on. `steering` says how the output
     /// is steered beyond the mask: closed at its budget (see
-    /// [`crate::closing`]), a reasoning block ended at its own.
-    pub fn add_constrained(
-        &mut self,
-        seq_id: i128,
-        prompt: &[i64],
-        req: &RequestParams,
-        grammar: Option<&Grammar>,
-        steering: Steering,
-    ) -> Result<Vec<u32>, Error> {
+    /// [`crate::closing`]; Err where it cannot fit), a reasoning block ended at its own.
+    pub fn add_constrained(&mut self, seq_id: i128, prompt: &[i64], req: &RequestParams, grammar: Option<&Grammar>,
+                           steering: Steering) -> Result<Vec<u32>, Error> {
         let Some(seq_id) = u64::try_from(seq_id).ok().filter(|&id| id <= i64::MAX as u64) else {
             return invalid(format!("seq_id must be in [0, 2**63), got {seq_id}"));
         };
@@ -854,26 +847,26 @@ impl Scheduler {
             self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s))).collect();
         rows.sort_unstable_by_key(|(i, _)| *i);
         let (eos, max_len, spans) = (&self.eos, self.max_len, &flight.spans);
-        let commits: Vec<(usize, Verified, usize, u64)> = rows
+        let commits: Vec<(usize, Verified, usize)> = rows
             .into_par_iter()
             .map(|(i, seq)| {
                 let span = &spans[i];
-                let v = match walks.get(&span.id) {
+                let mut v = match walks.get(&span.id) {
                     Some(streams) => {
                         let draws = &sampled[span.first..span.first + span.draft.len() + 1];
                         seq.commit_drafted(&span.draft, draws, streams, eos, max_len)
                     }
                     None => seq.commit(sampled[span.first], eos, max_len).into(),
                 };
-                let closing_us = seq.constraint.as_ref().and_then(|c| c.closer.as_ref()).map_or(0, |c| c.spent_us);
-                (i, v, seq.num_cached_tokens.unwrap_or(0), closing_us)
+                v.closing_us = if v.reason.is_some() { seq.closing_us() } else { 0 };
+                (i, v, seq.num_cached_tokens.unwrap_or(0))
             })
             .collect();
         // The draft tokens kept are computed: into the cache before a finished one goes.
         let drafted: Vec<SeqId> = spans.iter().filter(|s| !s.draft.is_empty()).map(|s| s.id).collect();
         self.commit(&drafted);
         let mut out = Vec::with_capacity(commits.len());
-        for (i, v, num_cached_tokens, closing_us) in commits {
+        for (i, v, num_cached_tokens) in commits {
             let span = &flight.spans[i];
             let (id, token, c) = (span.id, sampled[span.first], &v.first);
             self.counters.forced_tokens += c.forced.len() + v.more_forced;
@@ -892,7 +885,7 @@ impl Scheduler {
                 more_forced: v.more_forced,
                 error: v.error,
                 closed: v.closed,
-                closing_us: if v.reason.is_some() { closing_us } else { 0 },
+                closing_us: v.closing_us,
             });
             if v.reason.is_some() {
                 self.forget(id);

@@ -241,6 +241,8 @@ pub struct Verified {
     pub reason: Option<FinishReason>,
     pub error: Option<String>,
     pub closed: bool,
+    /// Once it finished: the time its closing took in all (crate::closing).
+    pub closing_us: u64,
 }
 
 impl From<Commit> for Verified {
@@ -443,6 +445,11 @@ impl Sequence {
         c.matcher = Some(matcher);
         self.constraint = Some(c);
         Ok(forced)
+    }
+
+    /// Microseconds spent on the closing so far (searches, fit checks).
+    pub fn closing_us(&self) -> u64 {
+        self.constraint.as_ref().and_then(|c| c.closer.as_ref()).map_or(0, |c| c.spent_us)
     }
 
     /// Output tokens that may still be appended: max_tokens or the context,

@@ -162,12 +162,9 @@ class Engine:
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0,
                          "steps": 0, "requests_finished": 0, "requests_failed": 0,
                          "closed_outputs": 0,
-                         # host time in the scheduler's add_request (the
-                         # grammar's start, its first closing search) and
-                         # update (commits, grammar advances, closing)
-                         "add_request_us": 0, "update_us": 0,
-                         # the closing's time of finished requests (rust/closing.rs)
-                         "closing_us": 0}
+                         # host time in the scheduler's add_request and update,
+                         # and the closing's time of finished requests
+                         "add_request_us": 0, "update_us": 0, "closing_us": 0}
         #: per finished closing request, the microseconds its closing took
         #: (the latest ones: benches read percentiles from it)
         self.closing_times: collections.deque[int] = collections.deque(maxlen=4096)
