@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CONSTRAINT_KEYS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
-#: the constraints that write JSON (closed at the budget by default)
+#: the constraints that write JSON (the only ones "whitespace" applies to)
 JSON_KEYS = ("json", "json_object")
 OPTION_KEYS = ("whitespace", "allow_special_tokens", "on_length")
 ON_LENGTH = ("close", "close_as_length", "cut")
