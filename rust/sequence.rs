@@ -695,7 +695,9 @@ impl Sequence {
                 out.forced.extend(&closing);
                 out.closed = true;
                 out.reason = Some(if as_length { FinishReason::Length } else { FinishReason::Stop });
-                if !as_length && self.remaining(max_len) > 0 {
+                // (a closing that ends with an end token of its own, harmony's <|call|>, needs none after it)
+                let ended = closing.last().is_some_and(|&t| self.stoppers(eos).any(|e| e == t));
+                if !as_length && !ended && self.remaining(max_len) > 0 {
                     if let Some(e) = self.end_token(m, eos) {
                         self.token_ids.push(e);
                         out.forced.push(e);

@@ -181,7 +181,7 @@ class Engine:
         if self._compiler is None:
             hf = self.loaded.tokenizer
             self._compiler = _native.GrammarCompiler(
-                token_bytes(hf), sorted(self.special.end_ids),
+                token_bytes(hf), sorted(self.special.grammar_end_ids),
                 vocab_size=max(self.loaded.config.vocab_size, self.tokenizer.vocab_size),
                 tokenize=plain_encoder(hf))
         return self._compiler

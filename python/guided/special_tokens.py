@@ -26,8 +26,20 @@ from tokenizers import Tokenizer
 # leaves it out too).
 KNOWN_END_TEXTS = frozenset({
     "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
-    "<|end|>", "<|return|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
+    "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
 })
+
+# Added tokens that end one message, not the turn, in a vocabulary that also
+# has the token named beside them: harmony (gpt-oss) ends its analysis
+# message with <|end|> and goes on in the same turn; <|return|> and <|call|>
+# end the turn. Such a token is no end token, declared or not (llama.cpp
+# drops it from its end-of-generation set alike).
+MESSAGE_END_TEXTS: Mapping[str, str] = MappingProxyType({"<|end|>": "<|return|>"})
+
+# End tokens that end a turn after a tool call only (harmony's <|call|>): the
+# call's grammar writes them where the call ends; elsewhere no grammar allows
+# them (SpecialTokens.grammar_end_ids).
+CALL_END_TEXTS = frozenset({"<|call|>"})
 
 # Markers other modules ask for by a role: text → role. The tool-call format
 # table's other markers are asked for by their text (SpecialTokens.id).
@@ -82,6 +94,7 @@ class SpecialTokens:
         texts = {tid: tok.content for tid, tok in decoder.items()}
         ids = {text: tid for tid, text in sorted(texts.items(), reverse=True)}
         ends = set(declared_end_ids) | {ids[t] for t in KNOWN_END_TEXTS if t in ids}
+        ends -= {ids[t] for t, turn_end in MESSAGE_END_TEXTS.items() if t in ids and turn_end in ids}
         if not ends:
             raise ValueError("the model declares no end token; generation could never stop")
         roles: dict[str, int] = {}
@@ -111,6 +124,14 @@ class SpecialTokens:
     def id_of_text(self, text: str) -> int | None:
         """The added token whose text is exactly ``text``, if any."""
         return self.by_text.get(text)
+
+    @property
+    def grammar_end_ids(self) -> frozenset[int]:
+        """The end tokens a grammar allows wherever it may end: all but
+        those that end a call only (CALL_END_TEXTS), which the call's
+        grammar writes itself."""
+        calls = {self.by_text[t] for t in CALL_END_TEXTS if t in self.by_text}
+        return self.end_ids - calls or self.end_ids
 
     @property
     def reasoning_ids(self) -> tuple[int, int] | None:

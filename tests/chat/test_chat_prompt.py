@@ -99,7 +99,8 @@ def test_generation_prompt_opening_reasoning_starts_the_grammar_inside(deepseek)
     assert enc.generation_prompt == "<｜Assistant｜><think>\n"
     assert enc.reasoning_state == "open"
     start, end = s.reasoning_ids
-    plan = ReasoningPlan(start, end, "\n", "\n", "\n\n", enc.reasoning_state, "required", 64)
+    plan = ReasoningPlan(chat.markers.start, chat.markers.end, "\n", "\n", "\n\n", enc.reasoning_state,
+                         "required", 64)
     grammar = json.loads(compose_chat(s, reasoning=plan))["grammars"][0]["lark_grammar"]
     # inside the block already: no second <think>; the text, then </think>
     assert f"<[{start}]>" not in grammar

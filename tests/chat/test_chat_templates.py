@@ -93,10 +93,15 @@ def _reasoning_prefix(chat, state: str | None) -> str:
     r = chat.reasoning
     if r is None or state == "closed":
         return ""
-    start, end = (chat.special.text(i) for i in chat.special.reasoning_ids)
+    start, end = (chat.markers.text(k, chat.special) for k in ("start", "end"))
     if state == "open":
         return r.close + end + r.after
     return start + r.empty[0] + end + r.empty[1] if r.empty else ""
+
+
+def _opening(chat) -> str:
+    """What opens an answer that is not calls (harmony's final channel)."""
+    return chat.markers.text("answer", chat.special) if chat.markers else ""
 
 
 def _results(reply: dict) -> list[dict]:
@@ -212,7 +217,7 @@ def test_template(name, default_gguf):
         row["note"] = ENVELOPE_REASONS.get(name, "")
         assert name in ENVELOPE_REASONS, f"{name}: the template renders no known format"
         return
-    ends = chat.special.end_ids
+    ends = chat.special.grammar_end_ids   # (the end tokens a call writes itself are its text)
     calls = probe_calls(fmt.format)
     n = 2 if fmt.parallel else 1
     state_prompt = _plan(chat, compiler, QUESTION, tool_choice="required")
@@ -242,7 +247,7 @@ def test_template(name, default_gguf):
                                _results(one_reply), takes=takes)
     named = _plan(chat, compiler, QUESTION, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     accepted["named"] = _accepts(compiler, named, _tokens(chat, one_text), ends)
-    plain = _tokens(chat, reasoning_close + ANSWER + end_text)
+    plain = _tokens(chat, reasoning_close + _opening(chat) + ANSWER + end_text)
     accepted["auto text"] = _accepts(compiler, plans["auto"], plain, ends)
     row["grammar"] = "ok" if all(v for k, v in accepted.items() if k != "parallel off") else accepted
     assert accepted["required"] and accepted["auto"] and accepted["named"], (name, text, accepted)
@@ -267,7 +272,8 @@ def test_template(name, default_gguf):
     answer = {"role": "assistant", "content": ANSWER}
     close2 = _reasoning_prefix(chat, turn2.encoded.reasoning_state)
     again = [{"role": "user", "content": "Thanks. And Rome?"}]
-    text2, note2 = _answer_text(chat, messages, answer, turn2.encoded.text, close2 + ANSWER + end_text, again)
+    text2, note2 = _answer_text(chat, messages, answer, turn2.encoded.text,
+                                close2 + _opening(chat) + ANSWER + end_text, again)
     ids2 = _tokens(chat, text2)
     answered, _ = _parse(turn2, ids2, stream=False)   # as served: the parser remembers the answer's tokens
     # (Hunyuan's template has no generation prompt: its answers begin "助手：")
@@ -447,7 +453,7 @@ def _check_refs(name: str, m) -> str:
                         SamplingParams(max_tokens=512))
     close = _reasoning_prefix(chat, plan.encoded.reasoning_state)
     lead = _call_lead(fmt.call_ws, plan.encoded.generation_prompt) if chat.reasoning is None else ""
-    end = chat.special.text(min(chat.special.end_ids))
+    end = chat.special.text(min(chat.special.grammar_end_ids))
     for args, valid in [(a, True) for a in DEFS_GOOD] + [(a, False) for a in DEFS_BAD]:
         call_id = (fmt.format.id_template or PROBE_CALLS[0]["id"]).format(name="book_trip", index=0)
         call = {"id": call_id, "name": "book_trip", "arguments": args}
@@ -456,7 +462,7 @@ def _check_refs(name: str, m) -> str:
         ours = close + lead + fmt.format.render([call], chat.special) + fmt.end_ws + end
         text = _answer_text(chat, QUESTION, reply, plan.encoded.text, ours, [], tools=[DEFS_TOOL])[0]
         ids = _tokens(chat, text)
-        assert _accepts(m.compiler, plan, ids, chat.special.end_ids) == valid, (name, args, text)
+        assert _accepts(m.compiler, plan, ids, chat.special.grammar_end_ids) == valid, (name, args, text)
         if valid:
             whole, _ = _parse(plan, ids, stream=False)
             assert [json.loads(c["function"]["arguments"]) for c in whole.tool_calls] == [args], (name, text)

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from guided import ChatOptions, SamplingParams
+from guided.chat.reasoning_formats import marker_ids
 from helpers.families import BY_NAME
 from helpers.tools import ASK, SCHEMAS, TOOLS
 
@@ -178,23 +179,30 @@ def test_json_schema_answer_after_reasoning(family, sweep):
 
 def test_reasoning_none_and_budget(family, sweep, family_llm):
     reasoning_only(family)
-    special = family_llm.chat_format.special
-    start, end = special.reasoning_ids
+    chat = family_llm.chat_format
+    # the block's markers, one token (<think>) or several (harmony's channels)
+    start, end = (marker_ids(getattr(chat.markers, k), chat.special, chat.tokenizer) for k in ("start", "end"))
     # the empty block every past answer gets (Kimi), unless the prompt holds it
     state = family_llm.prepare_chat(ASK, options=ChatOptions(reasoning_effort="none")).encoded.reasoning_state
-    empty = family_llm.chat_format.reasoning.empty if state is None else None
+    empty = chat.reasoning.empty if state is None else None
     for r in replies(sweep, "reasoning_none"):
         ids = r.token_ids
         assert r.reasoning_content is None
         if empty is None:
-            assert start not in ids
+            assert find(ids, start) < 0, r.text
         else:   # the template's empty block, nothing in it
-            assert ids.count(start) == 1 and ids[ids.index(start) + 1:ids.index(end)] == \
-                family_llm.engine.tokenizer.encode_text(empty[0]), r.text
+            i = find(ids, start)
+            assert i >= 0 and find(ids[i + 1:], start) < 0, r.text
+            assert ids[i + len(start):find(ids, end)] == family_llm.engine.tokenizer.encode_text(empty[0]), r.text
     budget, = replies(sweep, "reasoning_budget")
-    ids = budget.token_ids
-    assert end in ids, budget.text
-    assert ids.index(end) <= 128 + 4   # the minimal budget plus the block's markup
+    at = find(budget.token_ids, end)
+    assert at >= 0, budget.text
+    assert at <= 128 + 4   # the minimal budget plus the block's markup
+
+
+def find(ids: list[int], marker: list[int]) -> int:
+    """Where ``marker`` first stands in ``ids`` (-1: nowhere)."""
+    return next((i for i in range(len(ids) - len(marker) + 1) if ids[i:i + len(marker)] == marker), -1)
 
 
 def test_calls_near_the_budget_are_whole_and_valid(sweep, family_llm):

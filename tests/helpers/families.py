@@ -1,7 +1,8 @@
 """Test models for each chat family: the default model's real weights with
 its tokenizer's 14 unused added tokens (ids 3-16: `<repo_name>`, ...)
 renamed to the family's markers, saved as an HF directory with the family's
-own template from ../shared/chat-templates.
+own template from ../shared/chat-templates (or, where ../shared has none, one
+written in tests/helpers/templates.py: gpt-oss's harmony).
 
 No model here was trained on these formats; what the tests check is what the
 engine guarantees by construction (grammar, parser, registry, round-trip).
@@ -19,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from . import SHARED
+from .templates import WRITTEN
 
 TEMPLATES = SHARED / "chat-templates"
 FIRST_FREE_ID, LAST_FREE_ID = 3, 16   # SmolLM2's unused added tokens
@@ -35,7 +37,7 @@ _MISTRAL = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOL
 @dataclass(frozen=True)
 class Family:
     name: str
-    template: str | None          # file in ../shared/chat-templates; None: the GGUF's own
+    template: str | None          # file in ../shared/chat-templates or a WRITTEN key; None: the GGUF's own
     markers: tuple[str, ...]      # texts given to ids 3, 4, ...
     tool_format: str              # what detection must find
     bos: str | None = None
@@ -120,11 +122,18 @@ FAMILIES = [
            strips_reasoning=True, generation_prompt="<｜Assistant｜><think></think>", reasoning_state="closed",
            rerenders_differently="past turns lose the reasoning block of the generation prompt"),
 ]
+FAMILIES.append(
+    Family("gpt-oss", "written: harmony (gpt-oss)",
+           ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"),
+           "harmony", eos="<|return|>", reasoning=True, strips_reasoning=True, generation_prompt="<|start|>assistant",
+           rerenders_differently="a past final answer ends <|end|> where the model ended it <|return|>"))
 BY_NAME = {f.name: f for f in FAMILIES}
 
 
 def template_text(family: Family) -> str:
     """The family's template from ../shared; the test skips, naming it, where a clone has none."""
+    if family.template in WRITTEN:
+        return WRITTEN[family.template]
     path = TEMPLATES / family.template
     if not path.exists():
         pytest.skip(f"{path} is absent (the shared chat templates are beside the clone)")

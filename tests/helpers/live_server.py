@@ -80,3 +80,14 @@ def running_server(*args: str, timeout: float = 180, command: list[str] | None =
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def sdk_clients(model_path: str, *args: str):
+    """(openai client, anthropic client, model id) of a server of ``model_path``."""
+    import anthropic
+    import openai
+    with running_server("--model", model_path, "--kv-cache-tokens", "16384", "--api-key", "k", *args) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        yield client, anthropic.Anthropic(base_url=base, api_key="k", max_retries=0), \
+            client.models.list().data[0].id

@@ -24,7 +24,7 @@ _MARKER = re.compile(
     r"|<begin_of_document>")
 
 #: Each family's end-of-turn text (the first one a template holds).
-_ENDS = ("<|im_end|>", "<|eot_id|>", "<｜end▁of▁sentence｜>", "</s>", "<|end|>", "<|eos|>", "[e~[",
+_ENDS = ("<|im_end|>", "<|eot_id|>", "<｜end▁of▁sentence｜>", "</s>", "<|return|>", "<|end|>", "<|eos|>", "[e~[",
          "<seed:eos>", "<|END_OF_TURN_TOKEN|>", "<|end_of_text|>", "<|eot|>", "<end_of_sentence>",
          "<|end_of_msg|>", "<SPECIAL_12>", "<|message_sep|>")
 
@@ -61,7 +61,7 @@ def template_model(name: str, gguf_path: str) -> TemplateModel:
     special = SpecialTokens.classify(tokenizer, {ids[eos]}, "<s>" if "<s>" in ids else None)
     wrapper = TokenizerWrapper(tokenizer, special, False)
     chat = ChatFormat(source, special, wrapper, "<s>", eos)
-    compiler = GrammarCompiler(token_bytes(tokenizer), sorted(chat.special.end_ids),
+    compiler = GrammarCompiler(token_bytes(tokenizer), sorted(chat.special.grammar_end_ids),
                                vocab_size=tokenizer.get_vocab_size(), tokenize=plain_encoder(tokenizer))
     return TemplateModel(name, chat, compiler)
 
@@ -146,7 +146,83 @@ _SPLITS_PAST_CONTENT = """{%- for m in messages %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 
+#: OpenAI's harmony format as gpt-oss's template renders it (written here
+#: from the format's description; no gpt-oss template is in ../shared): a
+#: system message with the reasoning effort, a developer message with the
+#: instructions and the tools as a TypeScript namespace, past reasoning
+#: (``thinking``) kept only on a call turn no final answer followed, one
+#: call per message to ``functions.NAME`` in the commentary channel ended
+#: by <|call|>, a result as a message from that function, the last answer
+#: ended by <|return|>, and a content of None refused as the real one does
+#: (it looks for channel tags in the content).
+_HARMONY = """{%- macro ts_type(p) -%}
+{%- if p.enum is defined -%}{{ '"' + p.enum|join('" | "') + '"' }}
+{%- elif p.type == 'string' -%}string
+{%- elif p.type in ('number', 'integer') -%}number
+{%- elif p.type == 'boolean' -%}boolean
+{%- elif p.type == 'array' -%}{{ ts_type(p['items']) if p['items'] is defined else 'any' }}[]
+{%- elif p.type == 'object' -%}object
+{%- else -%}any{%- endif -%}
+{%- endmacro -%}
+{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n' }}
+{{- 'Knowledge cutoff: 2024-06\n\nReasoning: ' + (reasoning_effort | default('medium')) + '\n\n' }}
+{{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.' }}
+{%- if tools %}{{- "\nCalls to these tools must go to the commentary channel: 'functions'." }}{%- endif %}
+{{- '<|end|>' }}
+{%- set rest = messages %}
+{%- if messages[0].role in ('system', 'developer') %}{%- set rest = messages[1:] %}{%- endif %}
+{%- if messages[0].role in ('system', 'developer') or tools %}
+{{- '<|start|>developer<|message|>' }}
+{%- if messages[0].role in ('system', 'developer') %}
+{{- '# Instructions\n\n' + messages[0].content + '\n\n' }}{%- endif %}
+{%- if tools %}
+{{- '# Tools\n\n## functions\n\nnamespace functions {\n\n' }}
+{%- for t in tools %}{%- set f = t.function %}
+{{- '// ' + (f.description or '') + '\ntype ' + f.name + ' = ' }}
+{%- if f.parameters and f.parameters.properties %}{{- '(_: {\n' }}
+{%- for name, p in f.parameters.properties.items() %}
+{%- if p.description %}{{- '// ' + p.description + '\n' }}{%- endif %}
+{{- name + ('' if name in (f.parameters.required or []) else '?') + ': ' + ts_type(p) + ',\n' }}
+{%- endfor %}{{- '}) => any;\n\n' }}
+{%- else %}{{- '() => any;\n\n' }}{%- endif %}
+{%- endfor %}{{- '} // namespace functions' }}
+{%- endif %}{{- '<|end|>' }}
+{%- endif %}
+{%- set called = namespace(name=none) %}
+{%- for m in rest %}
+{%- if m.role == 'assistant' %}
+{%- if '<|channel|>' in m.content %}{{- raise_exception('pass reasoning in thinking, not channel tags in content') }}{%- endif %}
+{%- if m.tool_calls %}
+{%- set answered = namespace(later=false) %}
+{%- for later in rest[loop.index:] %}
+{%- if later.role == 'assistant' and not later.tool_calls %}{%- set answered.later = true %}{%- endif %}
+{%- endfor %}
+{%- if m.content and m.thinking %}{{- raise_exception('give content or thinking on a call turn, not both') }}{%- endif %}
+{%- if (m.content or m.thinking) and not answered.later %}
+{{- '<|start|>assistant<|channel|>analysis<|message|>' + (m.content or m.thinking) + '<|end|>' }}
+{%- endif %}
+{%- set call = m.tool_calls[0].function %}
+{{- '<|start|>assistant to=functions.' + call.name + '<|channel|>commentary json<|message|>' }}
+{{- call.arguments | tojson + '<|call|>' }}
+{%- set called.name = call.name %}
+{%- elif loop.last and not add_generation_prompt %}
+{%- if m.thinking %}{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}{%- endif %}
+{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|return|>' }}
+{%- else %}
+{{- '<|start|>assistant<|channel|>final<|message|>' + m.content + '<|end|>' }}
+{%- endif %}
+{%- elif m.role == 'tool' %}
+{%- if called.name is none %}{{- raise_exception('a tool message with no call before it') }}{%- endif %}
+{{- '<|start|>functions.' + called.name + ' to=assistant<|channel|>commentary<|message|>' }}
+{{- m.content | tojson + '<|end|>' }}
+{%- elif m.role == 'user' %}
+{{- '<|start|>user<|message|>' + m.content + '<|end|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"""
+
 WRITTEN = {
+    "written: harmony (gpt-oss)": _HARMONY,
     # Mistral Small 3.2 (2506): each call shows its id, [CALL_ID]id
     "written: Mistral Small 3.2 ids": _MISTRAL.replace("CALL_ID", "{{ '[CALL_ID]' + call.id }}"),
     # a Mistral template that shows no id yet checks them: the engine gives 9 characters

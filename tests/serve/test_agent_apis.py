@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from helpers.families import family_path
-from helpers.live_server import API_KEY, get, post, running_server
+from helpers.live_server import API_KEY, get, post, sdk_clients
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
         "required": ["city"], "additionalProperties": False}
@@ -67,11 +67,8 @@ def claude(server):
 @pytest.fixture(scope="module")
 def thinker(family_root, default_gguf):
     """(openai client, anthropic client, model id) of a qwen3-family server."""
-    path = family_path("qwen3", family_root, default_gguf)
-    with running_server("--model", path, "--kv-cache-tokens", "16384", "--api-key", "k") as base:
-        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
-        yield client, anthropic.Anthropic(base_url=base, api_key="k", max_retries=0), \
-            client.models.list().data[0].id
+    with sdk_clients(family_path("qwen3", family_root, default_gguf)) as clients:
+        yield clients
 
 
 def _valid_call(name: str, arguments: str | dict) -> None:

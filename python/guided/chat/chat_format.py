@@ -18,6 +18,7 @@ from ..tokenizer import TokenizerWrapper
 from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
 from .probe import detect
+from .reasoning_formats import ReasoningFormat, find
 from .tool_formats import TEXT_ENVELOPE, DetectedFormat
 
 log = logging.getLogger("guided.chat")
@@ -48,6 +49,9 @@ class TemplateContract:
 
     system: bool = True          # a system message (else it opens the first user message)
     typed_content: bool = False  # content as a list of text parts, never a string
+    #: the message field a past turn's reasoning is read from (gpt-oss's
+    #: template reads "thinking"); a client's reasoning_content moves there
+    reasoning_key: str = "reasoning_content"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,9 @@ class ChatFormat:
         self.contract = self._probe_contract()
         self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
         self.tools: DetectedFormat = detect(self._render_probe, self.special)
-        self.reasoning = self._reasoning_layout() if self.special.reasoning_ids else None
+        #: the reasoning-format row whose markers this model has, if any
+        self.markers: ReasoningFormat | None = find(self.special)
+        self.reasoning = self._reasoning_layout() if self.markers else None
         self.memo = CompletionMemo()
 
     # -- rendering -----------------------------------------------------
@@ -131,7 +137,7 @@ class ChatFormat:
     def _reasoning_state(self, generation_prompt: str) -> str | None:
         if self.reasoning is None:
             return None
-        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        start, end = self._marker_texts()
         i = generation_prompt.rfind(start)
         if i < 0:
             return None
@@ -144,9 +150,10 @@ class ChatFormat:
                            add_generation_prompt=False)
 
     def _probe_contract(self) -> TemplateContract:
-        def shows(messages, text: str) -> bool:
+        def shows(messages, text: str, add_generation_prompt: bool = True) -> bool:
             try:
-                return text in render_chat(self.template, messages, add_generation_prompt=True, **self._tokens)
+                return text in render_chat(self.template, messages, add_generation_prompt=add_generation_prompt,
+                                           **self._tokens)
             except TemplateError:
                 return False
         user = {"role": "user", "content": "Hi there"}
@@ -155,7 +162,10 @@ class ChatFormat:
         contract = TemplateContract(typed_content=typed)
         system = normalize_messages([{"role": "system", "content": "Be brief."}, user], None, contract)
         takes_system = shows(system, "Be brief.") or not shows(system[1:], "Hi there")
-        return replace(contract, system=takes_system)
+        return replace(contract, system=takes_system, reasoning_key=next(
+            (key for key in ("reasoning_content", "thinking") if shows(normalize_messages(
+                [user, {"role": "assistant", "content": _PROBE_ANSWER, key: _PROBE_REASONING}], None,
+                contract), _PROBE_REASONING, False)), "reasoning_content"))
 
     def tools_or_none(self) -> DetectedFormat | None:
         return getattr(self, "tools", None)
@@ -175,13 +185,16 @@ class ChatFormat:
                 return {tid}
         return set()
 
+    def _marker_texts(self) -> tuple[str, str]:
+        return self.markers.text("start", self.special), self.markers.text("end", self.special)
+
     def _reasoning_layout(self) -> ReasoningLayout:
         return replace(self._block_layout(), empty=self._empty_block())
 
     def _empty_block(self) -> tuple[str, str] | None:
         """The whitespace of the empty reasoning block the template writes in
         a past answer that had none, if it writes one."""
-        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        start, end = self._marker_texts()
         messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE_ANSWER},
                     {"role": "user", "content": "Again"}]
         try:
@@ -197,10 +210,10 @@ class ChatFormat:
         return None if inside.strip() or after.strip() else (inside, after)
 
     def _block_layout(self) -> ReasoningLayout:
-        start, end = (self.special.text(i) for i in self.special.reasoning_ids)
+        start, end = self._marker_texts()
         messages = [{"role": "user", "content": "Hi"},
                     {"role": "assistant", "content": _PROBE_ANSWER,
-                     "reasoning_content": _PROBE_REASONING}]
+                     self.contract.reasoning_key: _PROBE_REASONING}]
         try:
             text = self.render(messages, add_generation_prompt=False)
         except TemplateError:
@@ -210,7 +223,10 @@ class ChatFormat:
         m = text.find(_PROBE_ANSWER, max(k, 0))
         if min(i, j, k, m) < 0 or not i < j < k < m:
             return self._empty_block_layout(text, start, end)
-        pieces = (text[i + len(start):j], text[j + len(_PROBE_REASONING):k], text[k + len(end):m])
+        answer = self.markers.text("answer", self.special)
+        after = text[k + len(end):m]
+        after = after[:len(after) - len(answer)] if answer and after.endswith(answer) else after
+        pieces = (text[i + len(start):j], text[j + len(_PROBE_REASONING):k], after)
         if any(p.strip() for p in pieces):
             return ReasoningLayout()
         return ReasoningLayout(*pieces, kept=True)
@@ -251,6 +267,8 @@ def normalize_messages(messages: list[dict], fmt: DetectedFormat | None,
             raise ValueError(f"messages[{i}] must be an object with a string 'role'")
         m = copy.deepcopy(message)
         m["content"] = _content_text(m.get("content"), f"messages[{i}].content")
+        if contract is not None and contract.reasoning_key != "reasoning_content" and "reasoning_content" in m:
+            m.setdefault(contract.reasoning_key, m.pop("reasoning_content"))
         calls = m.get("tool_calls")
         if calls:
             m["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]")

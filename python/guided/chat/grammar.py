@@ -40,8 +40,8 @@ class ToolPlan:
 
 @dataclass(frozen=True)
 class ReasoningPlan:
-    start_id: int
-    end_id: int
+    start: tuple[Part, ...]     # the block's markers (chat/reasoning_formats.py)
+    end: tuple[Part, ...]
     open: str
     close: str
     after: str
@@ -55,37 +55,39 @@ class ReasoningPlan:
 
 
 def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
-                 tools: ToolPlan | None = None, answer: dict | None = None) -> str:
+                 tools: ToolPlan | None = None, answer: dict | None = None,
+                 opening: tuple[Part, ...] = ()) -> str:
     """TopLevelGrammar JSON for one assistant message. ``answer`` is a grammar
-    entry for the answer (e.g. ``{"json_schema": ...}``)."""
+    entry for the answer (e.g. ``{"json_schema": ...}``); ``opening``: the
+    marker before an answer that is not calls (harmony's final channel)."""
     g = GrammarBuilder()
-    body = _body(g, special, tools, answer)
-    g.rule("start", seq(_reasoning(g, reasoning), body))
+    body = _body(g, special, tools, answer, _parts(special, opening))
+    g.rule("start", seq(_reasoning(g, special, reasoning), body))
     return g.build()
 
 
-def _reasoning(g: GrammarBuilder, r: ReasoningPlan | None) -> Expr:
+def _reasoning(g: GrammarBuilder, special: SpecialTokens, r: ReasoningPlan | None) -> Expr:
     if r is None or r.state == "closed":
         return ""
-    close = seq(lit(r.close) if r.state == "open" and r.mode == "forbidden" else "",
-                token(r.end_id), lit(r.after))
+    start, end = _parts(special, r.start), _parts(special, r.end)
+    close = seq(lit(r.close) if r.state == "open" and r.mode == "forbidden" else "", end, lit(r.after))
     if r.mode == "forbidden":
         if r.state is None and r.empty is not None:
-            return seq(token(r.start_id), lit(r.empty[0]), token(r.end_id), lit(r.empty[1]))
+            return seq(start, lit(r.empty[0]), end, lit(r.empty[1]))
         return close if r.state == "open" else ""
     # Its budget is kept by the engine (ComposedGrammar.reasoning_end), not
     # by llguidance's max_tokens, which would forbid the closing's rollback.
     inside = seq(g.rule("reasoning", regex(r"(?s:.*)")), close)
     if r.state == "open":
         return inside
-    block = seq(token(r.start_id), lit(r.open), inside)
+    block = seq(start, lit(r.open), inside)
     return block if r.mode == "required" or r.empty is not None else opt(block)
 
 
 def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
-          answer: dict | None) -> Expr:
+          answer: dict | None, opening: Expr) -> Expr:
     if tools is None:
-        return g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)")
+        return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"))
     calls = _calls_block(g, special, tools)
     alone = calls(tools.lead)
     if tools.mode == "required":
@@ -97,9 +99,9 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     text = g.subgrammar("answer", answer) if answer else \
         g.lexeme(text_without(*avoid, anchored=anchored, visible=True))   # whitespace alone is no answer
     if fmt.content_sep is None or answer:
-        return alt(text, alone)
+        return alt(seq(opening, text), alone)
     lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep, visible=True))
-    return alt(text, alone, seq(lead, calls("")))
+    return alt(seq(opening, text), alone, seq(opening, lead, calls("")))
 
 
 def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Callable[[str], Expr]:

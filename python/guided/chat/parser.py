@@ -22,7 +22,8 @@ from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
 from .calls import ParsedCall, ReadState, parse_calls
-from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve
+from .reasoning_formats import TAGS, MarkerReader, ReasoningFormat
+from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve, specials
 
 
 @dataclass
@@ -61,7 +62,8 @@ class ChatParser:
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
                  tools: DetectedFormat | None, tool_schemas: dict[str, dict] | None,
                  reasoning: tuple[str, str, str] | None, reasoning_state: str | None,
-                 on_finish: Callable[[list[int]], None] | None = None, stop: list[str] = ()):
+                 on_finish: Callable[[list[int]], None] | None = None, stop: list[str] = (),
+                 markers: ReasoningFormat | None = None):
         self.special, self.tok = special, tokenizer
         self.stop = [s for s in stop if s]           # stop strings: the content ends before one
         self.tools = tools if tool_schemas else None
@@ -69,6 +71,14 @@ class ChatParser:
         self.layout = reasoning                      # (open, close, after) whitespace
         self.mode = "reasoning" if reasoning_state == "open" else "content"
         self.after_reasoning = reasoning_state is not None
+        # the reasoning block's markers and the answer's opening (harmony's
+        # channels), found however many tokens they take
+        m = markers or TAGS
+        self._markers = MarkerReader(special, tokenizer, {"start": m.start, "end": m.end, "answer": m.answer})
+        self._answered = False
+        # end tokens the calls block itself writes (harmony's <|call|>) are part of its text
+        self._block_ends = frozenset(resolve(p, special)[0] for p in specials(self.tools.format)) \
+            & special.end_ids if self.tools is not None else frozenset()
         self._reasoning_detok = IncrementalDetokenizer(tokenizer)
         self._content_detok = IncrementalDetokenizer(tokenizer)
         self.region: list[int] = []                  # tokens of the calls block
@@ -97,11 +107,34 @@ class ChatParser:
             self._route(t)
         return self._record(self._deltas(final=False))
 
+    def _route(self, t: int) -> None:
+        if self.mode == "calls":
+            self._region_push(t)
+            return
+        marker, plain = self._markers.push(t, self._active_markers())
+        for u in plain:
+            self._route_plain(u)
+        if marker == "start":
+            self.mode = "reasoning"
+        elif marker == "end":
+            self.mode, self.after_reasoning = "content", True
+        elif marker == "answer":
+            self._answered = True
+
+    def _active_markers(self) -> tuple[str, ...]:
+        if self.mode == "reasoning":
+            return ("end",)
+        if self.mode == "calls" or self._content_detok.ids:
+            return ()
+        return ("answer",) * (not self._answered) + ("start",) * (self.layout is not None)
+
     def finish(self) -> list[ChatDelta]:
         """The deltas still held back (trailing whitespace), at the end."""
         if self.finished:
             return []
         self.finished = True
+        for t in self._markers.flush():   # the output ended inside a marker
+            self._route_plain(t)
         if self.on_finish is not None:
             self.on_finish(self.ids)
         return self._record(self._deltas(final=True))
@@ -156,17 +189,14 @@ class ChatParser:
                 self._calls[i] = (name, args + fn.get("arguments", ""))
         return deltas
 
-    def _route(self, t: int) -> None:
+    def _route_plain(self, t: int) -> None:
+        """A token that is no reasoning or answer marker."""
         s = self.special
         if self.mode == "calls":
             self._region_push(t)
         elif self.mode == "reasoning":
-            if t == s.id("reasoning_end"):
-                self.mode, self.after_reasoning = "content", True
-            elif t not in s.control_ids:
+            if t not in s.control_ids:
                 self._reasoning_detok.push(t)
-        elif t == s.id("reasoning_start") and not self._content_detok.ids and self.layout is not None:
-            self.mode = "reasoning"
         elif self.tools is not None and self._is_trigger(t):
             self.mode = "calls"
             self._region_push(t)
@@ -210,7 +240,7 @@ class ChatParser:
         if self._run.ids:   # what the run held back (a character cut between tokens)
             self._stream += self.tok.decode(self._run.ids)[len(self._run.text):]
             self._run = IncrementalDetokenizer(self.tok)
-        if t not in self.special.end_ids:
+        if t not in self.special.end_ids or t in self._block_ends:
             self._stream += self.special.text(t)
 
     # -- text out -------------------------------------------------------
@@ -223,7 +253,7 @@ class ChatParser:
             if t in self.special.control_ids:
                 out.append(self.tok.decode(run) if run else "")
                 run = []
-                if controls and t not in self.special.end_ids:
+                if controls and (t not in self.special.end_ids or t in self._block_ends):
                     out.append(self.special.text(t))
             else:
                 run.append(t)

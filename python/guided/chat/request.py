@@ -18,7 +18,8 @@ from ..grammar.json_schema.strict import strict_schema
 from ..sampling_params import SamplingParams
 from .chat_format import ChatFormat, EncodedChat, normalize_messages
 from .parser import ChatParser
-from .tool_formats import TEXT_ENVELOPE
+from .reasoning_formats import marker_ids
+from .tool_formats import TEXT_ENVELOPE, resolve
 
 #: Reasoning token budgets per effort (tokens of reasoning text, enforced by
 #: the grammar). None: the model's default; "none": no reasoning block.
@@ -115,22 +116,24 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
             raise ValueError(f"{where}: {exc}") from None
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     grammar = None
-    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional"):
+    # an answer framed by markers (harmony's channels) always has its grammar
+    opening = chat.markers.answer if chat.markers else ()
+    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional") or opening:
         if reasoning is not None and reasoning.mode != "forbidden" and reasoning.state != "closed":
-            body = compose_chat(chat.special, tools=tool_plan, answer=answer)
+            body = compose_chat(chat.special, tools=tool_plan, answer=answer, opening=opening)
             reasoning = replace(reasoning, budget=reasoning_bound(
                 reasoning.budget, params.max_tokens, _shortest(compile_check(body), params.max_tokens)))
-        text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer)
+        text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer, opening=opening)
         compile_check(text)
         answer_options = o.structured_outputs if o.structured_outputs is not None else o.response_format
-        grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(reasoning))
+        grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(chat, reasoning))
 
     schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
                     lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
                                        encoded.reasoning_state, on_finish=chat.remember,
-                                       stop=params.stop))
+                                       stop=params.stop, markers=chat.markers))
 
 
 # -- checks ------------------------------------------------------------
@@ -259,13 +262,19 @@ def reasoning_bound(effort_budget: int | None, max_tokens: int, shortest_answer:
     return bound if effort_budget is None else min(effort_budget, bound)
 
 
-def _reasoning_end(r: ReasoningPlan | None) -> tuple[int, int] | None:
-    """The reasoning block's end token and the output length by which the
-    engine writes it: its budget of text, plus the start token and the
-    opening text where the model opens the block itself."""
+def _reasoning_end(chat: ChatFormat, r: ReasoningPlan | None) -> tuple[int, int] | None:
+    """The first token of the reasoning block's end marker and the output
+    length by which the engine writes it (fast-forward writes the rest of
+    the marker): its budget of text, plus the start marker and the opening
+    text where the model opens the block itself."""
     if r is None or r.budget is None or r.mode == "forbidden" or r.state == "closed":
         return None
-    return r.end_id, r.budget + (0 if r.state == "open" else 2)
+    end = resolve(r.end[0], chat.special)[0]
+    if end is None:
+        return None   # an end marker of text: the closing at max_tokens still applies
+    start = 0 if r.state == "open" else \
+        len(marker_ids(r.start, chat.special, chat.tokenizer)) + len(chat.tokenizer.encode_text(r.open))
+    return end, r.budget + start
 
 
 def _shortest(grammar, max_tokens: int) -> int:
@@ -351,12 +360,11 @@ def _reasoning_plan(chat: ChatFormat, encoded: EncodedChat, effort: str | None,
                     budget: int | None) -> ReasoningPlan | None:
     if chat.reasoning is None:
         return None
-    start, end = chat.special.reasoning_ids
     layout = chat.reasoning
     mode = "optional" if effort is None and budget is None else \
         "forbidden" if effort == "none" else "required"
     budgets = [b for b in (REASONING_BUDGETS.get(effort), budget) if b is not None]
-    return ReasoningPlan(start, end, layout.open, layout.close, layout.after,
+    return ReasoningPlan(chat.markers.start, chat.markers.end, layout.open, layout.close, layout.after,
                          encoded.reasoning_state, mode, min(budgets, default=None), empty=layout.empty)
 
 

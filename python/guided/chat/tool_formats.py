@@ -247,6 +247,10 @@ TABLE: tuple[ToolFormat, ...] = (
                sep=(Lit("\n"),),
                args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">\n"),),
                             value_close=(Lit("\n</parameter>\n"),))),
+    # gpt-oss (harmony): one call per message, to functions.NAME in the
+    # commentary channel, ended by <|call|> (an end token: the turn ends there)
+    ToolFormat("harmony", call=(Lit(" to=functions."), NAME, Special("<|channel|>"), Lit("commentary json"),
+                                Special("<|message|>"), ARGS, Special("<|call|>"))),
     # Mistral Nemo (v3 tokenizer): a JSON list after [TOOL_CALLS]
     ToolFormat("mistral_list", open=(Special("[TOOL_CALLS]"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),

@@ -1,0 +1,144 @@
+"""The reasoning-format table: how each family marks its reasoning block and
+its answer, in the tool-format table's parts (Special, Lit).
+
+A marker may be one token (`<think>`) or several tokens and text (harmony's
+`<|channel|>analysis<|message|>`). From one row come the grammar's block
+(chat/grammar.py writes the parts), the parser's switches (``MarkerReader``
+below finds the parts in the token stream) and the engine's reasoning
+budget (the end marker's first token, forced; fast-forward writes the rest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..special_tokens import SpecialTokens
+from ..tokenizer import TokenizerWrapper
+from .tool_formats import Lit, Part, Special, resolve
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    name: str
+    start: tuple[Part, ...]
+    end: tuple[Part, ...]
+    #: what opens the answer, after the block or in its place (harmony's
+    #: final channel); () where the answer is bare text
+    answer: tuple[Part, ...] = ()
+
+    def text(self, which: str, special: SpecialTokens) -> str:
+        """The text of a marker ("start", "end" or "answer") as a template writes it."""
+        return "".join(resolve(p, special)[1] for p in getattr(self, which))
+
+
+#: gpt-oss (harmony): the analysis channel, then a new assistant message in
+#: the final channel (or a call in the commentary channel)
+HARMONY = ReasoningFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"), Special("<|message|>")),
+                          end=(Special("<|end|>"), Special("<|start|>"), Lit("assistant")),
+                          answer=(Special("<|channel|>"), Lit("final"), Special("<|message|>")))
+#: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
+TAGS = ReasoningFormat("tags", start=(Special("<think>", "reasoning_start"),),
+                       end=(Special("</think>", "reasoning_end"),))
+TABLE: tuple[ReasoningFormat, ...] = (HARMONY, TAGS)
+
+
+def find(special: SpecialTokens) -> ReasoningFormat | None:
+    """The first row whose every marker is an added token of this model."""
+    for row in TABLE:
+        parts = (*row.start, *row.end, *row.answer)
+        if all(special.id(p.role) is not None for p in parts if isinstance(p, Special)):
+            return row
+    return None
+
+
+def marker_ids(parts: tuple[Part, ...], special: SpecialTokens, tokenizer: TokenizerWrapper) -> list[int]:
+    """The tokens a marker is written with (its text parts as plain text)."""
+    out: list[int] = []
+    for p in parts:
+        tid, text = resolve(p, special)
+        out += [tid] if tid is not None else tokenizer.encode_text(text)
+    return out
+
+
+class MarkerReader:
+    """Finds markers in a token stream, token by token: control tokens by
+    id, text by its characters (however the text is split into tokens).
+    Tokens that may still begin a marker are held until they do or cannot."""
+
+    def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
+                 markers: dict[str, tuple[Part, ...]]):
+        self.special, self.tok = special, tokenizer
+        self.patterns = {name: _items(parts, special) for name, parts in markers.items() if parts}
+        self.held: list[int] = []
+
+    def push(self, t: int, active: tuple[str, ...]) -> tuple[str | None, list[int]]:
+        """(the marker that token ``t`` completes, or None; the held tokens
+        that turned out to be no marker, to be read as ordinary tokens)."""
+        patterns = [(n, self.patterns[n]) for n in active if n in self.patterns]
+        if not self.held and not any(p[0] == t for _, p in patterns):
+            return None, [t]        # the common case: no marker starts here
+        self.held.append(t)
+        items = self._items(self.held)
+        verdicts = [(name, _match(items, p)) for name, p in patterns]
+        done = next((name for name, v in verdicts if v == "whole"), None)
+        if done is not None:
+            self.held = []
+            return done, []
+        if any(v == "prefix" for _, v in verdicts):
+            return None, []
+        # the first held token is no marker; the rest may begin one
+        first, rest = self.held[0], self.held[1:]
+        self.held = []
+        released = [first]
+        for k, r in enumerate(rest):
+            done, more = self.push(r, active)
+            released += more
+            if done is not None:   # what followed it is read with the next token
+                self.held = rest[k + 1:]
+                return done, released
+        return None, released
+
+    def flush(self) -> list[int]:
+        """The tokens still held (the output ended inside a marker)."""
+        out, self.held = self.held, []
+        return out
+
+    def _items(self, ids: list[int]) -> list[int | str]:
+        out: list[int | str] = []
+        run: list[int] = []
+        for t in ids:
+            if t in self.special.control_ids:
+                if run:
+                    out.append(self.tok.decode(run))
+                    run = []
+                out.append(t)
+            else:
+                run.append(t)
+        if run:
+            out.append(self.tok.decode(run))
+        return out
+
+
+def _items(parts: tuple[Part, ...], special: SpecialTokens) -> list[int | str]:
+    """A marker as control token ids and runs of text."""
+    out: list[int | str] = []
+    for p in parts:
+        tid, text = resolve(p, special)
+        if tid is not None:
+            out.append(tid)
+        elif out and isinstance(out[-1], str):
+            out[-1] += text
+        else:
+            out.append(text)
+    return out
+
+
+def _match(items: list[int | str], pattern: list[int | str]) -> str:
+    """"whole", "prefix" (the items may still become the pattern) or "no"."""
+    for i, item in enumerate(items):
+        if i >= len(pattern) or isinstance(item, int) != isinstance(pattern[i], int):
+            return "no"
+        if item == pattern[i]:
+            continue
+        last = i == len(items) - 1
+        return "prefix" if last and isinstance(item, str) and pattern[i].startswith(item) else "no"
+    return "whole" if len(items) == len(pattern) else "prefix"
