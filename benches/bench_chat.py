@@ -1,6 +1,6 @@
 """A 4-turn tool-calling agent loop through LLM.chat (a batch of conversations), on the default model:
 
-    python benches/bench_chat.py [--batch 8] [--turns 4] [--max-tokens 96]
+    python benches/bench_chat.py [--batch 8] [--turns 4] [--max-tokens 96] [--family gpt-oss]
 
 Each of --batch conversations asks for a trip plan; turns 1..N-1 must call a
 tool (tool_choice="required"), each call is answered with a canned tool
@@ -20,12 +20,19 @@ grammar appended without sampling / generated), and two cache ratios: the
 prompt tokens served from the prefix cache / prompt tokens, and / the tokens
 the previous turn had in the cache (its prompt + completion), which is the
 round-trip figure of DESIGN.md rule 6.
+
+With --family NAME the model is that chat family's test model
+(tests/helpers/families.py: the default weights under the family's markers
+and template, e.g. gpt-oss's harmony), built in a temporary directory.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from guided import LLM, ChatOptions, SamplingParams
 
@@ -146,6 +153,14 @@ def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
     return rows
 
 
+def family_model(name: str) -> str:
+    """The chat family's test model, built under a temporary directory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from guided.model import default_model_path
+    from helpers.families import family_path
+    return family_path(name, Path(tempfile.mkdtemp(prefix="family-")), str(default_model_path()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=8)
@@ -153,11 +168,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--budget-sweep", action="store_true")
     ap.add_argument("--seeds", type=int, default=16)
+    ap.add_argument("--family", help="a chat family of tests/helpers/families.py (default: the default model)")
     args = ap.parse_args()
-    llm = LLM(max_num_seqs=max(args.batch, 8))
+    llm = LLM(family_model(args.family), max_num_seqs=max(args.batch, 8)) if args.family else \
+        LLM(max_num_seqs=max(args.batch, 8))
     run(llm, 2, 2, 64)  # warm-up: first-call allocations and grammar compiles
     rows = run(llm, args.batch, args.turns, args.max_tokens)
-    print(f"\n4-turn tool-calling agent loop, batch {args.batch}, default model "
+    print(f"\n4-turn tool-calling agent loop, batch {args.batch}, {args.family or 'default'} model "
           f"({llm.chat_format.tools.format.name} tool format)")
     print("| turn | prompt tok | generated tok | tool calls | tok/s | forced share | "
           "prompt cache hit | hit / previous prompt+completion |")

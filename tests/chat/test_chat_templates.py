@@ -61,9 +61,6 @@ ENVELOPE_REASONS = {
 #: Known gaps, each failing today for the reason given (strict: a fix must
 #: remove its entry).
 GAPS = {
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja":
-        "its <|START_THINKING|><|END_THINKING|> before the action is not a reasoning block the "
-        "registry knows, and the template ignores add_generation_prompt",
     "GigaChat3-10B-A1.8B.jinja": "its call is a turn of its own after the end-of-turn token, which "
                                  "ends generation: found as bare JSON objects, which do not round-trip",
 }

@@ -17,7 +17,7 @@ from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
 from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
-from .probe import detect
+from .probe import PROBE_TOOLS, detect, openai_calls, probe_calls
 from .reasoning_formats import ReasoningFormat, find
 from .tool_formats import TEXT_ENVELOPE, DetectedFormat
 
@@ -210,23 +210,29 @@ class ChatFormat:
         return None if inside.strip() or after.strip() else (inside, after)
 
     def _block_layout(self) -> ReasoningLayout:
+        """The whitespace around a past answer's reasoning; where the
+        template shows reasoning on call turns only (Command R7B), around a
+        past call's."""
         start, end = self._marker_texts()
+        reasoning = {self.contract.reasoning_key: _PROBE_REASONING}
         messages = [{"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": _PROBE_ANSWER,
-                     self.contract.reasoning_key: _PROBE_REASONING}]
+                    {"role": "assistant", "content": _PROBE_ANSWER, **reasoning}]
         try:
             text = self.render(messages, add_generation_prompt=False)
         except TemplateError:
             return ReasoningLayout()
-        i, j = text.find(start), text.find(_PROBE_REASONING)
-        k = text.find(end, max(j, 0))
-        m = text.find(_PROBE_ANSWER, max(k, 0))
-        if min(i, j, k, m) < 0 or not i < j < k < m:
+        pieces = _pieces(text, start, end, self.markers.text("answer", self.special) + _PROBE_ANSWER)
+        if pieces is None:
+            call = probe_calls(self.tools.format)[:1]
+            try:
+                called = self._render_probe([messages[0], {"role": "assistant", "content": self.tools.empty_content,
+                                                           "tool_calls": openai_calls(call), **reasoning}],
+                                            PROBE_TOOLS)
+            except TemplateError:
+                called = ""
+            pieces = _pieces(called, start, end, self.tools.format.render(call, self.special))
+        if pieces is None:
             return self._empty_block_layout(text, start, end)
-        answer = self.markers.text("answer", self.special)
-        after = text[k + len(end):m]
-        after = after[:len(after) - len(answer)] if answer and after.endswith(answer) else after
-        pieces = (text[i + len(start):j], text[j + len(_PROBE_REASONING):k], after)
         if any(p.strip() for p in pieces):
             return ReasoningLayout()
         return ReasoningLayout(*pieces, kept=True)
@@ -243,6 +249,19 @@ class ChatFormat:
         inner = text[i + len(start):k]
         half = len(inner) // 2
         return ReasoningLayout(inner[:half], inner[half:], text[k + len(end):m])
+
+
+def _pieces(text: str, start: str, end: str, follows: str) -> tuple[str, str, str] | None:
+    """(after the start marker, before the end marker, between it and what
+    ``follows``) around the probe's reasoning in ``text``; None where the
+    reasoning is not shown so."""
+    j = text.find(_PROBE_REASONING)
+    i = text.rfind(start, 0, max(j, 0))   # (a preamble may name the marker: Command R7B's)
+    k = text.find(end, max(j, 0))
+    m = text.find(follows, max(k, 0))
+    if min(i, j, k, m) < 0 or not i < j < k < m:
+        return None
+    return text[i + len(start):j], text[j + len(_PROBE_REASONING):k], text[k + len(end):m]
 
 
 # -- client messages → what templates expect ---------------------------

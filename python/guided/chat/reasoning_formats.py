@@ -35,10 +35,13 @@ class ReasoningFormat:
 HARMONY = ReasoningFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"), Special("<|message|>")),
                           end=(Special("<|end|>"), Special("<|start|>"), Lit("assistant")),
                           answer=(Special("<|channel|>"), Lit("final"), Special("<|message|>")))
+#: Command R7B: a plan in thinking tokens before its actions, an answer in response tokens
+COHERE = ReasoningFormat("command_r7b", start=(Special("<|START_THINKING|>"),), end=(Special("<|END_THINKING|>"),),
+                         answer=(Special("<|START_RESPONSE|>"),))
 #: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
 TAGS = ReasoningFormat("tags", start=(Special("<think>", "reasoning_start"),),
                        end=(Special("</think>", "reasoning_end"),))
-TABLE: tuple[ReasoningFormat, ...] = (HARMONY, TAGS)
+TABLE: tuple[ReasoningFormat, ...] = (HARMONY, COHERE, TAGS)
 
 
 def find(special: SpecialTokens) -> ReasoningFormat | None:
