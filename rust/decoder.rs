@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use crate::attention::{self, Layout, Rows, Scores};
 use crate::dense::DenseMatrix;
 pub use crate::layer_ops::Activation;
-use crate::layer_ops::{activate_row, norm_rows, per_rows2, rms_norm, rms_norm_in_place, rotate, PARALLEL_ROWS};
+use crate::layer_ops::{activate_row, norm, norm_rows, per_rows2, rms_norm_in_place, rotate, PARALLEL_ROWS};
+pub use crate::layer_ops::NormKind;
 pub use crate::moe::{Routing, Scoring};
 use crate::moe::route;
 use crate::activations::Activations;
@@ -37,6 +38,8 @@ pub enum Norms {
     Post,
     /// norm → sublayer → norm → add (Gemma 2 and 3)
     Sandwich,
+    /// one norm, then attention and the MLP side by side, both added (Cohere 2)
+    Parallel,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +61,7 @@ pub struct Spec {
     pub rotary_dim: usize,
     pub eps: f32,
     pub norms: Norms,
+    pub norm_kind: NormKind,
     pub qk_norm: Option<QkNorm>,
     pub qk_norm_after_rope: bool,
     pub activation: Activation,
@@ -414,13 +418,14 @@ impl Decoder {
             width(&at("qkv"), &layer.qkv, q + 2 * kv, s.hidden)?;
             width(&at("o"), &layer.o, s.hidden, q)?;
             for (what, norm) in [("attn_norm", &layer.attn_norm), ("mlp_norm", &layer.mlp_norm)] {
-                check_len(&at(what), norm.as_ref().filter(|_| s.norms != Norms::Post), s.hidden)?;
-                if s.norms == Norms::Post && norm.is_some() {
-                    return Err(at(&format!("{what} in a post-norm architecture")));
+                let absent = s.norms == Norms::Post || (what == "mlp_norm" && s.norms == Norms::Parallel);
+                check_len(&at(what), norm.as_ref().filter(|_| !absent), s.hidden)?;
+                if absent && norm.is_some() {
+                    return Err(at(&format!("{what} where the architecture has none ({:?} norms)", s.norms)));
                 }
             }
             for (what, norm) in [("attn_post_norm", &layer.attn_post_norm), ("mlp_post_norm", &layer.mlp_post_norm)] {
-                check_len(&at(what), norm.as_ref().filter(|_| s.norms != Norms::Pre), s.hidden)?;
+                check_len(&at(what), norm.as_ref().filter(|_| !matches!(s.norms, Norms::Pre | Norms::Parallel)), s.hidden)?;
             }
             let (qn, kn) = match s.qk_norm {
                 Some(QkNorm::Head) => (s.head_dim, s.head_dim),
@@ -504,7 +509,7 @@ impl Decoder {
         let mut h = std::mem::take(&mut bufs.h);
         h.resize(r * hidden, 0.0);
         for (i, &row) in step.logit_rows.iter().enumerate() {
-            rms_norm(&x[row as usize * hidden..][..hidden], &self.norm, s.eps, &mut h[i * hidden..][..hidden]);
+            norm(s.norm_kind, &x[row as usize * hidden..][..hidden], &self.norm, s.eps, &mut h[i * hidden..][..hidden]);
         }
         bufs.mark(Phase::Norms);
         if r > 0 {
@@ -619,7 +624,7 @@ impl Decoder {
         let mut h = std::mem::take(&mut bufs.h);
         h.resize(t * hidden, 0.0);
         let input: &[f32] = if norm_in {
-            norm_rows(x, layer.attn_norm.as_deref().expect("checked"), s.eps, &mut h);
+            norm_rows(s.norm_kind, x, layer.attn_norm.as_deref().expect("checked"), s.eps, &mut h);
             &h
         } else {
             x
@@ -652,9 +657,11 @@ impl Decoder {
         o.resize(t * hidden, 0.0);
         layer.o.forward(&attn, &mut o, bufs, Phase::Output);
         self.residual(x, &mut o, layer.attn_post_norm.as_deref());
-        // MLP
-        let input: &[f32] = if norm_in {
-            norm_rows(x, layer.mlp_norm.as_deref().expect("checked"), s.eps, &mut h);
+        // MLP (side by side with attention: on the same normed input)
+        let input: &[f32] = if s.norms == Norms::Parallel {
+            &h
+        } else if norm_in {
+            norm_rows(s.norm_kind, x, layer.mlp_norm.as_deref().expect("checked"), s.eps, &mut h);
             &h
         } else {
             x
@@ -880,7 +887,7 @@ mod tests {
     fn tiny() -> Decoder {
         let (hidden, heads, kv, d, vocab, inter) = (16, 4, 2, 8, 24, 32);
         let spec = Spec {
-            hidden, heads, kv_heads: kv, head_dim: d, rotary_dim: d, eps: 1e-6, norms: Norms::Pre, qk_norm: None,
+            hidden, heads, kv_heads: kv, head_dim: d, rotary_dim: d, eps: 1e-6, norms: Norms::Pre, norm_kind: NormKind::Rms, qk_norm: None,
             qk_norm_after_rope: false, activation: Activation::Silu, residual_multiplier: 1.0, embedding_multiplier: 1.0,
             logit_multiplier: 1.0, final_softcap: None,
         };

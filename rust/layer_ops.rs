@@ -35,13 +35,30 @@ pub fn per_rows2(a: &mut [f32], b: &mut [f32], wa: usize, wb: usize, f: impl Fn(
     });
 }
 
-/// `out` = RMSNorm of every row of `x` (rows of the weight's width).
-pub fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+/// How a norm scales a row (architectures.py's `norm_kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// x / √(mean(x²) + eps) · w
+    Rms,
+    /// (x - mean) / √(var + eps) · w: a LayerNorm without bias (Cohere)
+    Layer,
+}
+
+/// `out` = the norm of `x` · w.
+pub fn norm(kind: NormKind, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    match kind {
+        NormKind::Rms => rms_norm(x, w, eps, out),
+        NormKind::Layer => layer_norm(x, w, eps, out),
+    }
+}
+
+/// `out` = the norm of every row of `x` (rows of the weight's width).
+pub fn norm_rows(kind: NormKind, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     let t = x.len() / n;
     if t < PARALLEL_ROWS {
         for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            rms_norm(xr, w, eps, or);
+            norm(kind, xr, w, eps, or);
         }
         return;
     }
@@ -52,7 +69,7 @@ pub fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         // SAFETY: chunks of rows are disjoint
         let out = unsafe { std::slice::from_raw_parts_mut(po.get().add(s * n), (e - s) * n) };
         for (xr, or) in x[s * n..e * n].chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            rms_norm(xr, w, eps, or);
+            norm(kind, xr, w, eps, or);
         }
     });
 }
@@ -62,6 +79,17 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let scale = inv_rms(x, eps);
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
         *o = v * scale * g;
+    }
+}
+
+/// out = (x - mean) / √(mean((x - mean)²) + eps) · w
+pub fn layer_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let scale = 1.0 / (var + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v - mean) * scale * g;
     }
 }
 

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::attention::Scores;
-use crate::decoder::{Activation, Borrowed, Cache, Decoder, Embedding, Expert, Layer, Linear, Mlp, Moe, Norms, QkNorm, Routing, Scoring, Spec, Step, Weight};
+use crate::decoder::{Activation, Borrowed, Cache, Decoder, Embedding, Expert, Layer, Linear, Mlp, Moe, NormKind, Norms, QkNorm, Routing, Scoring, Spec, Step, Weight};
 use crate::dense::DenseMatrix;
 use crate::python_plan::PyStepPlan;
 use crate::python_quant::PyQuantMatrix;
@@ -137,7 +137,8 @@ fn layer(d: &Bound<'_, PyDict>) -> PyResult<Layer> {
 }
 
 fn spec(d: &Bound<'_, PyDict>) -> PyResult<Spec> {
-    let norms = required_choice(d, "norms", &[("pre", Norms::Pre), ("post", Norms::Post), ("sandwich", Norms::Sandwich)])?;
+    let norms = required_choice(d, "norms", &[("pre", Norms::Pre), ("post", Norms::Post), ("sandwich", Norms::Sandwich), ("parallel", Norms::Parallel)])?;
+    let norm_kind = required_choice(d, "norm_kind", &[("rms", NormKind::Rms), ("layer", NormKind::Layer)])?;
     let qk_norm = choice(d, "qk_norm", &[("head", QkNorm::Head), ("full", QkNorm::Full)])?;
     let oai = Activation::SwigluOai { alpha: required(d, "swiglu_alpha")?, limit: required(d, "swiglu_limit")? };
     let activation = required_choice(d, "activation", &[("silu", Activation::Silu), ("gelu_tanh", Activation::GeluTanh), ("swiglu_oai", oai)])?;
@@ -149,6 +150,7 @@ fn spec(d: &Bound<'_, PyDict>) -> PyResult<Spec> {
         rotary_dim: required(d, "rotary_dim")?,
         eps: required(d, "eps")?,
         norms,
+        norm_kind,
         qk_norm,
         qk_norm_after_rope: required(d, "qk_norm_after_rope")?,
         activation,

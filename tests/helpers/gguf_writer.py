@@ -261,6 +261,16 @@ def _exaone4(w, h):
             w.add_sliding_window_pattern([t == "sliding_attention" for t in h.c["layer_types"]])
 
 
+def _cohere2(w, h):
+    """Cohere2Model: the logit scale and window; llama.cpp hard-codes which layers slide and rotate."""
+    _base(w, h)
+    w.add_logit_scale(h.c["logit_scale"])
+    w.add_sliding_window(h.c["sliding_window"])
+    w.add_vocab_size(h.c["vocab_size"])
+    w.add_rope_dimension_count(h.head_dim)
+    w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+
+
 def _hunyuan_dense(w, h):
     """HunYuanModel: a num_experts of 1 is not MoE (the base would write it)."""
     experts = h.c.pop("num_experts", None)
@@ -411,6 +421,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "exaone4": Arch("exaone4", _exaone4),
     "ernie4_5": Arch("ernie4_5", split_qkv=True),
     "hunyuan_v1_dense": Arch("hunyuan-dense", _hunyuan_dense, skip_lm_head="tied"),
+    "cohere2": Arch("cohere2", _cohere2),
     "gemma2": Arch("gemma2", _gemma2, norm_shift=1.0, skip_lm_head="always"),
     "gemma3_text": Arch("gemma3", _gemma3, norm_shift=1.0),
     "qwen3_moe": Arch("qwen3moe", _qwen_moe),

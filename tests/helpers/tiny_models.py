@@ -27,6 +27,7 @@ files carry the Hub checkpoints' names, and the loader must read exactly these):
   [E, H, 2I] (gate and up in alternate columns), `gate_up_proj_bias` [E, 2I], `down_proj`
   [E, I, H], `down_proj_bias` [E, H]; router `mlp.router.{weight,bias}`; `self_attn.sinks` [heads].
   Not the Hub's MXFP4 `*_blocks`/`*_scales` (tests/model/test_architectures.py builds those).
+- cohere2: one `input_layernorm` per layer (a LayerNorm without bias) before attention and the MLP.
 - ernie4_5: separate q/k/v and gate/up (transformers' own names; the original Baidu
   checkpoints' fused `qkv_proj` / `up_gate_proj` are not what HF repos publish).
 """
@@ -155,6 +156,10 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         num_mtp_layers=0, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
         norm_topk_prob=True, use_qk_norm=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    # a parallel attention+MLP block after one LayerNorm, rotation (in pairs) on the sliding layers
+    # only, three sliding then one full as llama.cpp hard-codes it, a logit scale
+    "cohere2": lambda: transformers.Cohere2Config(**_tiny(head_dim=None, num_hidden_layers=4, tie_word_embeddings=True,
+        sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"], logit_scale=0.25)),
     # attention sinks, every other layer sliding (llama.cpp's fixed gpt-oss pattern), biases everywhere,
     # YaRN over an original context of 32 (truncate left at transformers' default, True, which is what
     # ggml computes; the Hub's false is tested on its own); transformers runs it eagerly (no SDPA)

@@ -5,9 +5,12 @@ where its config names a number no other architecture has, a reader for
 it); decoder.py, the loaders and the tensor-parallel split read the row.
 What each field means:
 
-- ``norms``: where a layer's RMSNorms sit. "pre" (Llama): norm → sublayer →
+- ``norms``: where a layer's norms sit. "pre" (Llama): norm → sublayer →
   add. "post" (OLMo 2, EXAONE 4): sublayer → norm → add. "sandwich" (Gemma 2
-  and 3): norm → sublayer → norm → add.
+  and 3): norm → sublayer → norm → add. "parallel" (Cohere 2): one norm, then
+  attention and the MLP side by side on it, both added to the residual.
+- ``norm_kind``: "rms" (RMSNorm) or "layer" (a LayerNorm without bias: the
+  mean subtracted first, Cohere's).
 - ``qk_norm``: RMSNorm on queries and keys (a config may turn it on, GLM's
   use_qk_norm): "head" (per head, Qwen3) or
   "full" (over all heads at once, OLMo 2); ``qk_norm_after_rope`` where it
@@ -81,6 +84,7 @@ class Architecture:
     hf_names: tuple[str, ...]
     gguf_names: tuple[str, ...] = ()
     norms: str = "pre"
+    norm_kind: str = "rms"
     qk_norm: str | None = None
     qk_norm_after_rope: bool = False
     qkv_bias: bool = False          # always, whatever the config says (Qwen2)
@@ -170,6 +174,22 @@ def _gemma_hf(cfg: dict, base: dict) -> dict[str, Any]:
             "local_rope_theta": float(local) if local else None,
             "rope_layers": tuple("local" if local and t == "sliding_attention" else "global"
                                  for t in types) or None}
+
+
+def _cohere2_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # the full-attention layers do not rotate
+    types = base["layer_types"] or ()
+    return {"rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)), "logit_multiplier": float(cfg["logit_scale"]),
+            "rope_layers": tuple("global" if t == "sliding" else None for t in types) or None}
+
+
+def _cohere2_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp: three sliding layers (which rotate), then a full one (which does not)
+    n = int(get("block_count"))
+    types = tuple("full" if (i + 1) % 4 == 0 else "sliding" for i in range(n))
+    return {"rms_norm_eps": float(get("attention.layer_norm_epsilon", 1e-5)),
+            "logit_multiplier": float(get("logit_scale", 1.0)), "layer_types": types,
+            "rope_layers": tuple("global" if t == "sliding" else None for t in types)}
 
 
 def _alternating(n: int) -> tuple[str, ...]:
@@ -293,6 +313,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("gpt_oss", ("GptOssForCausalLM",), ("gpt-oss",), activation="swiglu_oai", sinks=True,
                  hf_experts="interleaved", gguf_roles=(("attn_post_norm", "mlp_norm"),),
                  read_hf=_gpt_oss_hf, read_gguf=_gpt_oss_gguf),
+    Architecture("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), norms="parallel", norm_kind="layer",
+                 interleaved_rope=True, read_hf=_cohere2_hf, read_gguf=_cohere2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
     Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),

@@ -24,12 +24,16 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMSNorm, or with ``layer`` a LayerNorm without bias (Cohere's)."""
+
+    def __init__(self, dim: int, eps: float, layer: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim, device="meta"), requires_grad=False)
-        self.eps = eps
+        self.eps, self.layer = eps, layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layer:
+            return F.layer_norm(x, self.weight.shape, self.weight, None, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
@@ -86,22 +90,25 @@ class DecoderLayer(nn.Module):
         if self.moe is None:
             self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
             self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
-        # "pre": norm → sublayer; "post": sublayer → norm; "sandwich": both
-        self.norm_in, self.norm_out = arch.norms in ("pre", "sandwich"), arch.norms in ("post", "sandwich")
-        for name, present in (("attn_norm", self.norm_in), ("mlp_norm", self.norm_in),
+        # "pre": norm → sublayer; "post": sublayer → norm; "sandwich": both; "parallel":
+        # one norm before attention and the MLP side by side
+        self.parallel = arch.norms == "parallel"
+        self.norm_in = arch.norms in ("pre", "sandwich", "parallel")
+        self.norm_out = arch.norms in ("post", "sandwich")
+        for name, present in (("attn_norm", self.norm_in), ("mlp_norm", self.norm_in and not self.parallel),
                               ("attn_post_norm", self.norm_out), ("mlp_post_norm", self.norm_out)):
             if present:
-                setattr(self, name, RMSNorm(c.hidden_size, c.rms_norm_eps))
+                setattr(self, name, RMSNorm(c.hidden_size, c.rms_norm_eps, arch.norm_kind == "layer"))
         #: the sum over tensor-parallel ranks of o_proj's and down_proj's partial outputs
         #: (set by parallel.shard; a whole model's outputs are whole already)
         self.reduce = _whole
 
     def forward(self, x, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: KVCache,
                 plan: AttentionPlan):
-        h = self.reduce(self.o_proj(self._attention(self.attn_norm(x) if self.norm_in else x,
-                                                    rotary, kv_cache, plan)))
+        normed = self.attn_norm(x) if self.norm_in else x
+        h = self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
         x = x + self._out(h, "attn_post_norm")
-        h = self.mlp_norm(x) if self.norm_in else x
+        h = normed if self.parallel else self.mlp_norm(x) if self.norm_in else x
         if self.moe is not None:
             return x + self._out(self.reduce(self.moe(h)), "mlp_post_norm")
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
@@ -139,7 +146,7 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")
         self.embed_tokens.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.arch.norm_kind == "layer")
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
         #: a cos/sin table per rotary base the layers use ("global", "local")
         self.rotary: dict[str, RotaryTable] = {}

@@ -90,6 +90,7 @@ _NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_em
 #: HF's per-layer module names that are not ours, by the architecture's norm placement
 _NORMS = {
     "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"},
+    "parallel": {"input_layernorm": "attn_norm"},
     "post": {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"},
     "sandwich": {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
                  "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"},

@@ -82,7 +82,8 @@ def _spec(model: CausalLM) -> dict:
     arch = c.arch
     return {"hidden": c.hidden_size, "heads": c.num_heads, "kv_heads": c.num_kv_heads,
             "head_dim": c.head_dim, "rotary_dim": c.rotary_dim, "eps": float(c.rms_norm_eps),
-            "norms": arch.norms, "qk_norm": c.qk_norm, "qk_norm_after_rope": arch.qk_norm_after_rope,
+            "norms": arch.norms, "norm_kind": arch.norm_kind, "qk_norm": c.qk_norm,
+            "qk_norm_after_rope": arch.qk_norm_after_rope,
             "activation": arch.activation, "swiglu_alpha": float(c.swiglu_alpha),
             "swiglu_limit": float(c.swiglu_limit), "residual_multiplier": float(c.residual_multiplier),
             "embedding_multiplier": float(c.embedding_multiplier),
