@@ -363,10 +363,24 @@ impl Sequence {
         if may_stop && self.stoppers(eos).any(|t| t == token) {
             return Some(FinishReason::Stop);
         }
-        if n >= self.stop.max_tokens || self.len() >= max_len {
-            return Some(FinishReason::Length);
+        self.length_reached(max_len)
+    }
+
+    /// "length" once the output has max_tokens or the sequence fills `max_len`.
+    fn length_reached(&self, max_len: usize) -> Option<FinishReason> {
+        (self.num_output_tokens() >= self.stop.max_tokens || self.len() >= max_len).then_some(FinishReason::Length)
+    }
+
+    /// [`Self::append`] under a grammar: an end token the grammar took as one
+    /// of its own tokens (one the grammar writes: GigaChat's <|message_sep|>,
+    /// which opens a call turn after the answer) ends the output only where
+    /// the grammar may end.
+    fn append_under(&mut self, m: &mut GrammarMatcher, token: u32, eos: &[u32], max_len: usize) -> Option<FinishReason> {
+        let reason = self.append(token, eos, max_len);
+        if reason == Some(FinishReason::Stop) && eos.contains(&token) && !m.is_stopped() && !m.is_accepting() {
+            return self.length_reached(max_len);
         }
-        None
+        reason
     }
 }
 
@@ -580,7 +594,7 @@ impl Sequence {
             }
         }
         *consumed += 1;
-        let mut out = Commit { appended: true, reason: self.append(t, eos, max_len), ..Default::default() };
+        let mut out = Commit { appended: true, reason: self.append_under(m, t, eos, max_len), ..Default::default() };
         if ends_done {
             out.reason = Some(FinishReason::Stop);
         }
@@ -609,7 +623,7 @@ impl Sequence {
             *consumed += n;
             for &f in &ff[..n] {
                 out.forced.push(f);
-                out.reason = self.append(f, eos, max_len);
+                out.reason = self.append_under(m, f, eos, max_len);
                 if out.reason.is_some() {
                     break;
                 }

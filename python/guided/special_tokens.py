@@ -36,10 +36,12 @@ KNOWN_END_TEXTS = frozenset({
 # drops it from its end-of-generation set alike).
 MESSAGE_END_TEXTS: Mapping[str, str] = MappingProxyType({"<|end|>": "<|return|>"})
 
-# End tokens that end a turn after a tool call only (harmony's <|call|>): the
-# call's grammar writes them where the call ends; elsewhere no grammar allows
-# them (SpecialTokens.grammar_end_ids).
-CALL_END_TEXTS = frozenset({"<|call|>"})
+# End tokens a grammar writes itself where a call or an answer ends (harmony's
+# <|call|>, GigaChat's <|message_sep|>, which a call turn may follow); no
+# grammar allows them as its end (SpecialTokens.grammar_end_ids), and under
+# a grammar one ends the output only where the grammar may end
+# (rust/sequence.rs: append_under).
+WRITTEN_END_TEXTS = frozenset({"<|call|>", "<|message_sep|>"})
 
 # Markers other modules ask for by a role: text → role. The tool-call format
 # table's other markers are asked for by their text (SpecialTokens.id).
@@ -128,10 +130,9 @@ class SpecialTokens:
     @property
     def grammar_end_ids(self) -> frozenset[int]:
         """The end tokens a grammar allows wherever it may end: all but
-        those that end a call only (CALL_END_TEXTS), which the call's
-        grammar writes itself."""
-        calls = {self.by_text[t] for t in CALL_END_TEXTS if t in self.by_text}
-        return self.end_ids - calls or self.end_ids
+        those the grammar writes itself (WRITTEN_END_TEXTS)."""
+        written = {self.by_text[t] for t in WRITTEN_END_TEXTS if t in self.by_text}
+        return self.end_ids - written or self.end_ids
 
     @property
     def reasoning_ids(self) -> tuple[int, int] | None:

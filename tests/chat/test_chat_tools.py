@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from guided import ChatOptions, SamplingParams
-from guided.chat.reasoning_formats import marker_ids
+from guided.chat.message_formats import marker_ids
 from helpers.families import BY_NAME
 from helpers.tools import ASK, SCHEMAS, TOOLS
 

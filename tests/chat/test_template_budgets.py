@@ -97,3 +97,50 @@ def test_calls_are_whole_at_every_budget(name, default_gguf):
             except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
                 bad.append(f"{where}: {fn} {str(exc)[:120]}")
     assert not bad, f"{len(bad)} of {len(plans)}:\n" + "\n".join(bad[:8])
+
+
+def test_gigachat_auto_ends_at_the_message_end_after_text_and_calls_from_the_start(default_gguf):
+    """GigaChat 3 ends every message with <|message_sep|>, its end token, and
+    writes a call as a turn of its own after it. Under tool_choice "auto" the
+    end token ends the answer where the grammar may end: after text it does
+    (the answer is the text), right at the start it cannot (no text yet), so
+    the call turn follows. A model that writes the end token first calls; one
+    that writes text first answers in text."""
+    name = "GigaChat3-10B-A1.8B.jinja"
+    if name not in template_names():
+        pytest.skip(f"{name} is absent (the shared chat templates are beside the clone)")
+    m = template_model(name, default_gguf)
+    chat, compiler = m.chat, m.compiler
+    sep, word = chat.special.id_of_text("<|message_sep|>"), chat.tokenizer.encode_text(" sunny")[0]
+    sched = _native.Scheduler(num_blocks=256, block_size=16, max_num_seqs=4, max_num_batched_tokens=4096,
+                              max_model_len=4096, eos_token_ids=sorted(chat.special.end_ids))
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=0)
+    plan = prepare_chat(chat, compiler.compile, QUESTION, ChatOptions(tools=PROBE_TOOLS, tool_choice="auto"), params)
+    grammar = compiler.compile(plan.grammar.text)
+    forced = {sid: sched.add_request(sid, plan.prompt_ids, params, grammar, close_on_length=True) for sid in (0, 1)}
+    out = {sid: list(toks) for sid, toks in forced.items()}
+    reasons = {}
+    while (step := sched.schedule()) is not None:
+        logits = np.zeros((len(step.sample_seq_ids), compiler.vocab_size), np.float32)
+        for row, sid in enumerate(step.sample_seq_ids):   # 0: the end token at once; 1: text, then it
+            logits[row, sep if sid == 0 or len(out[sid]) >= 3 else word] = 50.0
+        tokens, _, _ = sched.sample(logits)
+        for ev in sched.update(tokens):
+            out[ev.seq_id] += ([ev.token] if ev.token >= 0 else []) + list(ev.forced) + list(ev.more)
+            if ev.finish_reason is not None:
+                reasons[ev.seq_id] = ev.finish_reason
+    replies = {}
+    for sid, tokens in out.items():
+        parser = plan.parser()
+        parser.push(tokens)
+        sample = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=None,
+                                  finish_reason=reasons[sid])
+        replies[sid] = parser.result(RequestOutput(request_id=sid, prompt=None, prompt_token_ids=[],
+                                                   outputs=[sample]))
+    call, text = replies[0], replies[1]
+    assert call.finish_reason == "tool_calls" and call.content is None, call
+    jsonschema.validate(json.loads(call.tool_calls[0]["function"]["arguments"]),
+                        {t["function"]["name"]: t["function"]["parameters"]
+                         for t in PROBE_TOOLS}[call.tool_calls[0]["function"]["name"]])
+    assert out[1] == [word] * 3 + [sep], chat.tokenizer.decode(out[1])
+    assert (text.content, text.tool_calls, text.finish_reason) == (" sunny" * 3, [], "stop")

@@ -18,7 +18,7 @@ from ..tokenizer import TokenizerWrapper
 from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
 from .probe import PROBE_TOOLS, detect, openai_calls, probe_calls
-from .reasoning_formats import ReasoningFormat, find
+from .message_formats import MessageFormat, find
 from .tool_formats import TEXT_ENVELOPE, DetectedFormat
 
 log = logging.getLogger("guided.chat")
@@ -74,9 +74,9 @@ class ChatFormat:
         self.contract = self._probe_contract()
         self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
         self.tools: DetectedFormat = detect(self._render_probe, self.special)
-        #: the reasoning-format row whose markers this model has, if any
-        self.markers: ReasoningFormat | None = find(self.special)
-        self.reasoning = self._reasoning_layout() if self.markers else None
+        #: the message-format row whose markers this model has, if any
+        self.markers: MessageFormat | None = find(self.special)
+        self.reasoning = self._reasoning_layout() if self.markers and self.markers.reasoning else None
         self.memo = CompletionMemo()
 
     # -- rendering -----------------------------------------------------

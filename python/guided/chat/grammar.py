@@ -40,7 +40,7 @@ class ToolPlan:
 
 @dataclass(frozen=True)
 class ReasoningPlan:
-    start: tuple[Part, ...]     # the block's markers (chat/reasoning_formats.py)
+    start: tuple[Part, ...]     # the block's markers (chat/message_formats.py)
     end: tuple[Part, ...]
     open: str
     close: str
@@ -56,12 +56,13 @@ class ReasoningPlan:
 
 def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
                  tools: ToolPlan | None = None, answer: dict | None = None,
-                 opening: tuple[Part, ...] = ()) -> str:
+                 frame: tuple[tuple[Part, ...], tuple[Part, ...]] = ((), ())) -> str:
     """TopLevelGrammar JSON for one assistant message. ``answer`` is a grammar
-    entry for the answer (e.g. ``{"json_schema": ...}``); ``opening``: the
-    marker before an answer that is not calls (harmony's final channel)."""
+    entry for the answer (e.g. ``{"json_schema": ...}``); ``frame``: the
+    markers before and after an answer that is not calls (harmony's final
+    channel; GigaChat's end of message)."""
     g = GrammarBuilder()
-    body = _body(g, special, tools, answer, _parts(special, opening))
+    body = _body(g, special, tools, answer, _parts(special, frame[0]), _parts(special, frame[1]))
     g.rule("start", seq(_reasoning(g, special, reasoning), body))
     return g.build()
 
@@ -85,9 +86,9 @@ def _reasoning(g: GrammarBuilder, special: SpecialTokens, r: ReasoningPlan | Non
 
 
 def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
-          answer: dict | None, opening: Expr) -> Expr:
+          answer: dict | None, opening: Expr, closing: Expr) -> Expr:
     if tools is None:
-        return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"))
+        return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"), closing)
     calls = _calls_block(g, special, tools)
     alone = calls(tools.lead)
     if tools.mode == "required":
@@ -99,9 +100,9 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     text = g.subgrammar("answer", answer) if answer else \
         g.lexeme(text_without(*avoid, anchored=anchored, visible=True))   # whitespace alone is no answer
     if fmt.content_sep is None or answer:
-        return alt(seq(opening, text), alone)
+        return alt(seq(opening, text, closing), alone)
     lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep, visible=True))
-    return alt(seq(opening, text), alone, seq(opening, lead, calls("")))
+    return alt(seq(opening, text, closing), alone, seq(opening, lead, calls("")))
 
 
 def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Callable[[str], Expr]:

@@ -22,7 +22,7 @@ from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
 from .calls import ParsedCall, ReadState, parse_calls
-from .reasoning_formats import TAGS, MarkerReader, ReasoningFormat
+from .message_formats import TAGS, MarkerReader, MessageFormat
 from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve, specials
 
 
@@ -63,7 +63,7 @@ class ChatParser:
                  tools: DetectedFormat | None, tool_schemas: dict[str, dict] | None,
                  reasoning: tuple[str, str, str] | None, reasoning_state: str | None,
                  on_finish: Callable[[list[int]], None] | None = None, stop: list[str] = (),
-                 markers: ReasoningFormat | None = None):
+                 markers: MessageFormat | None = None):
         self.special, self.tok = special, tokenizer
         self.stop = [s for s in stop if s]           # stop strings: the content ends before one
         self.tools = tools if tool_schemas else None
@@ -261,14 +261,18 @@ class ChatParser:
         return "".join(out)
 
     def _visible_reasoning(self) -> str:
+        """The reasoning less the newlines the template writes around it
+        (`<think>\n…\n</think>`); where it writes none (harmony's channels),
+        the model's own newlines are the reasoning's, kept so that it renders
+        back the same."""
         text = self._reasoning_detok.text
-        if self.layout is not None:
+        if self.layout is not None and self.layout[0]:
             text = text.lstrip("\n")
-        return text.rstrip("\n")
+        return text.rstrip("\n") if self.layout is None or self.layout[1] else text
 
     def _visible_content(self, final: bool, calls: list[ParsedCall]) -> str:
         text = self._content_detok.text
-        if self.after_reasoning:
+        if self.after_reasoning and (self.layout is None or self.layout[2]):
             text = text.lstrip("\n")
         hits = [i for s in self.stop if (i := text.find(s)) >= 0]
         if hits:   # the engine ended the answer there; the stop string is not content

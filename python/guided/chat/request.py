@@ -18,7 +18,7 @@ from ..grammar.json_schema.strict import strict_schema
 from ..sampling_params import SamplingParams
 from .chat_format import ChatFormat, EncodedChat, normalize_messages
 from .parser import ChatParser
-from .reasoning_formats import marker_ids
+from .message_formats import marker_ids
 from .tool_formats import TEXT_ENVELOPE, resolve
 
 #: Reasoning token budgets per effort (tokens of reasoning text, enforced by
@@ -117,13 +117,13 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     grammar = None
     # an answer framed by markers (harmony's channels) always has its grammar
-    opening = chat.markers.answer if chat.markers else ()
-    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional") or opening:
+    frame = (chat.markers.answer, chat.markers.answer_end) if chat.markers else ((), ())
+    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional") or frame[0]:
         if reasoning is not None and reasoning.mode != "forbidden" and reasoning.state != "closed":
-            body = compose_chat(chat.special, tools=tool_plan, answer=answer, opening=opening)
+            body = compose_chat(chat.special, tools=tool_plan, answer=answer, frame=frame)
             reasoning = replace(reasoning, budget=reasoning_bound(
                 reasoning.budget, params.max_tokens, _shortest(compile_check(body), params.max_tokens)))
-        text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer, opening=opening)
+        text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer, frame=frame)
         compile_check(text)
         answer_options = o.structured_outputs if o.structured_outputs is not None else o.response_format
         grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(chat, reasoning))

@@ -251,6 +251,10 @@ TABLE: tuple[ToolFormat, ...] = (
     # commentary channel, ended by <|call|> (an end token: the turn ends there)
     ToolFormat("harmony", call=(Lit(" to=functions."), NAME, Special("<|channel|>"), Lit("commentary json"),
                                 Special("<|message|>"), ARGS, Special("<|call|>"))),
+    # GigaChat 3: a call is a turn of its own after the answer's end of message
+    ToolFormat("gigachat", call=(Special("<|message_sep|>"), Lit("\n\nfunction call"), Special("<|role_sep|>"),
+                                 Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}"),
+                                 Special("<|message_sep|>"))),
     # Mistral Nemo (v3 tokenizer): a JSON list after [TOOL_CALLS]
     ToolFormat("mistral_list", open=(Special("[TOOL_CALLS]"), Lit("[")),
                call=(Lit('{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit(', "id": "'),

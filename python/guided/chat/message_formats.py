@@ -1,11 +1,14 @@
-"""The reasoning-format table: how each family marks its reasoning block and
-its answer, in the tool-format table's parts (Special, Lit).
+"""The message-format table: how each family frames an assistant message:
+its reasoning block's markers and its answer's (harmony's final channel,
+Command R7B's response token, GigaChat's end of message), in the
+tool-format table's parts (Special, Lit).
 
 A marker may be one token (`<think>`) or several tokens and text (harmony's
 `<|channel|>analysis<|message|>`). From one row come the grammar's block
-(chat/grammar.py writes the parts), the parser's switches (``MarkerReader``
-below finds the parts in the token stream) and the engine's reasoning
-budget (the end marker's first token, forced; fast-forward writes the rest).
+and answer (chat/grammar.py writes the parts), the parser's switches
+(``MarkerReader`` below finds the parts in the token stream) and the
+engine's reasoning budget (the end marker's first token, forced;
+fast-forward writes the rest).
 """
 from __future__ import annotations
 
@@ -17,13 +20,23 @@ from .tool_formats import Lit, Part, Special, resolve
 
 
 @dataclass(frozen=True)
-class ReasoningFormat:
+class MessageFormat:
     name: str
-    start: tuple[Part, ...]
-    end: tuple[Part, ...]
+    #: the reasoning block's markers; () where the family has none
+    start: tuple[Part, ...] = ()
+    end: tuple[Part, ...] = ()
     #: what opens the answer, after the block or in its place (harmony's
     #: final channel); () where the answer is bare text
     answer: tuple[Part, ...] = ()
+    #: what the model writes after an answer that is not calls, where the
+    #: grammar writes it (an end token of the message that does not end the
+    #: turn for the grammar: GigaChat's <|message_sep|>, after which a call
+    #: turn may follow)
+    answer_end: tuple[Part, ...] = ()
+
+    @property
+    def reasoning(self) -> bool:
+        return bool(self.start)
 
     def text(self, which: str, special: SpecialTokens) -> str:
         """The text of a marker ("start", "end" or "answer") as a template writes it."""
@@ -32,22 +45,24 @@ class ReasoningFormat:
 
 #: gpt-oss (harmony): the analysis channel, then a new assistant message in
 #: the final channel (or a call in the commentary channel)
-HARMONY = ReasoningFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"), Special("<|message|>")),
+HARMONY = MessageFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"), Special("<|message|>")),
                           end=(Special("<|end|>"), Special("<|start|>"), Lit("assistant")),
                           answer=(Special("<|channel|>"), Lit("final"), Special("<|message|>")))
 #: Command R7B: a plan in thinking tokens before its actions, an answer in response tokens
-COHERE = ReasoningFormat("command_r7b", start=(Special("<|START_THINKING|>"),), end=(Special("<|END_THINKING|>"),),
+COHERE = MessageFormat("command_r7b", start=(Special("<|START_THINKING|>"),), end=(Special("<|END_THINKING|>"),),
                          answer=(Special("<|START_RESPONSE|>"),))
 #: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
-TAGS = ReasoningFormat("tags", start=(Special("<think>", "reasoning_start"),),
+TAGS = MessageFormat("tags", start=(Special("<think>", "reasoning_start"),),
                        end=(Special("</think>", "reasoning_end"),))
-TABLE: tuple[ReasoningFormat, ...] = (HARMONY, COHERE, TAGS)
+#: GigaChat 3: the answer ends with <|message_sep|>, which a call turn may follow
+GIGACHAT = MessageFormat("gigachat", answer_end=(Special("<|message_sep|>"),))
+TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, TAGS, GIGACHAT)
 
 
-def find(special: SpecialTokens) -> ReasoningFormat | None:
+def find(special: SpecialTokens) -> MessageFormat | None:
     """The first row whose every marker is an added token of this model."""
     for row in TABLE:
-        parts = (*row.start, *row.end, *row.answer)
+        parts = (*row.start, *row.end, *row.answer, *row.answer_end)
         if all(special.id(p.role) is not None for p in parts if isinstance(p, Special)):
             return row
     return None
