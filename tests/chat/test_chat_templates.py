@@ -472,3 +472,35 @@ def _check_refs(name: str, m) -> str:
             whole, _ = _parse(plan, ids, stream=False)
             assert [json.loads(c["function"]["arguments"]) for c in whole.tool_calls] == [args], (name, text)
     return "ok"
+
+
+def test_apriel_plain_text_reasoning_is_reasoning_content(default_gguf):
+    """Apriel 1.6 reasons in plain text: its generation prompt opens the block
+    ("Here are my reasoning steps:"), the text ends it ("[BEGIN FINAL
+    RESPONSE]"). The text before the marker is reasoning_content and the
+    rest the answer, whole and token by token alike (the marker split over
+    tokens anyhow); a required call comes after the marker; with reasoning
+    "none" the answer starts at the marker."""
+    name = "Apriel-1.6-15b-Thinker-fixed.jinja"
+    if name not in NAMES:
+        pytest.skip(f"{name} is absent (the shared chat templates are beside the clone)")
+    m = template_model(name, default_gguf)
+    chat, compiler = m.chat, m.compiler
+    assert chat.markers.name == "apriel"
+    plan = _plan(chat, compiler, QUESTION)
+    assert plan.encoded.reasoning_state == "open"
+    written = "Let me think.\nStep two: [BEGIN] is not it.\n[BEGIN FINAL RESPONSE]\nIt is sunny."
+    ids = _tokens(chat, written)
+    for stream in (False, True):
+        reply, _ = _parse(plan, ids, stream=stream)
+        assert (reply.reasoning_content, reply.content) == ("Let me think.\nStep two: [BEGIN] is not it.",
+                                                           "It is sunny."), (stream, reply)
+    call = probe_calls(chat.tools.format)[:1]
+    required = _plan(chat, compiler, QUESTION, tool_choice="required")
+    text = "Weather first.\n[BEGIN FINAL RESPONSE]\n" + chat.tools.format.render(call, chat.special)
+    assert _accepts(compiler, required, _tokens(chat, text), chat.special.grammar_end_ids), text
+    whole, _ = _parse(required, _tokens(chat, text), stream=False)
+    assert whole.reasoning_content == "Weather first." and whole.tool_calls, whole
+    quiet = _plan(chat, compiler, QUESTION, reasoning_effort="none")
+    forced = compiler.compile(quiet.grammar.text).matcher().shortest_completion(64)
+    assert chat.tokenizer.decode(forced).startswith("\n[BEGIN FINAL RESPONSE]\n")

@@ -18,7 +18,7 @@ from ..tokenizer import TokenizerWrapper
 from .prompt import CompletionMemo, ControlEscaper, strings_in, tokenize_rendered
 from .template import TemplateError, render_chat
 from .probe import PROBE_TOOLS, detect, openai_calls, probe_calls
-from .message_formats import MessageFormat, find
+from .message_formats import MessageFormat, find, text_only
 from .tool_formats import TEXT_ENVELOPE, DetectedFormat
 
 log = logging.getLogger("guided.chat")
@@ -75,7 +75,7 @@ class ChatFormat:
         self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
         self.tools: DetectedFormat = detect(self._render_probe, self.special)
         #: the message-format row whose markers this model has, if any
-        self.markers: MessageFormat | None = find(self.special)
+        self.markers: MessageFormat | None = find(self.special, template)
         self.reasoning = self._reasoning_layout() if self.markers and self.markers.reasoning else None
         self.memo = CompletionMemo()
 
@@ -115,7 +115,7 @@ class ChatFormat:
         generation_prompt = with_prompt[len(without):]
         ids = tokenize_rendered(with_prompt, self.special, self.tokenizer, escaper, self.memo)
         return EncodedChat(ids, escaper.unescape(with_prompt), escaper.unescape(generation_prompt),
-                           self._reasoning_state(generation_prompt))
+                           self._reasoning_state(generation_prompt, with_prompt))
 
     @staticmethod
     def _continued(rendered: str, messages: list[dict]) -> str:
@@ -134,13 +134,17 @@ class ChatFormat:
         """Record an answer's tokens, for when it comes back in a later prompt."""
         self.memo.remember(completion_ids, self.special, self.tokenizer)
 
-    def _reasoning_state(self, generation_prompt: str) -> str | None:
+    def _reasoning_state(self, generation_prompt: str, prompt: str = "") -> str | None:
+        """Whether the prompt opened a reasoning block ("open"), holds a
+        whole one ("closed") or neither (None): read from the generation
+        prompt, or from the prompt's end where a template writes the
+        block's start whatever add_generation_prompt says (Apriel 1.6)."""
         if self.reasoning is None:
             return None
         start, end = self._marker_texts()
         i = generation_prompt.rfind(start)
         if i < 0:
-            return None
+            return "open" if start and prompt.endswith(start + self.reasoning.open) else None
         return "closed" if end in generation_prompt[i:] else "open"
 
     # -- probes --------------------------------------------------------
@@ -221,7 +225,9 @@ class ChatFormat:
             text = self.render(messages, add_generation_prompt=False)
         except TemplateError:
             return ReasoningLayout()
-        pieces = _pieces(text, start, end, self.markers.text("answer", self.special) + _PROBE_ANSWER)
+        # a start marker of text alone may be the generation prompt's, never rendered (Apriel 1.6's)
+        prompted = text_only(self.markers.start) is not None
+        pieces = _pieces(text, start, end, self.markers.text("answer", self.special) + _PROBE_ANSWER, prompted)
         if pieces is None:
             call = probe_calls(self.tools.format)[:1]
             try:
@@ -230,7 +236,7 @@ class ChatFormat:
                                             PROBE_TOOLS)
             except TemplateError:
                 called = ""
-            pieces = _pieces(called, start, end, self.tools.format.render(call, self.special))
+            pieces = _pieces(called, start, end, self.tools.format.render(call, self.special), prompted)
         if pieces is None:
             return self._empty_block_layout(text, start, end)
         if any(p.strip() for p in pieces):
@@ -251,15 +257,19 @@ class ChatFormat:
         return ReasoningLayout(inner[:half], inner[half:], text[k + len(end):m])
 
 
-def _pieces(text: str, start: str, end: str, follows: str) -> tuple[str, str, str] | None:
+def _pieces(text: str, start: str, end: str, follows: str,
+            prompted: bool = False) -> tuple[str, str, str] | None:
     """(after the start marker, before the end marker, between it and what
     ``follows``) around the probe's reasoning in ``text``; None where the
-    reasoning is not shown so."""
+    reasoning is not shown so. ``prompted``: the start marker may be absent
+    (only a generation prompt writes it)."""
     j = text.find(_PROBE_REASONING)
     i = text.rfind(start, 0, max(j, 0))   # (a preamble may name the marker: Command R7B's)
+    if i < 0 and prompted and j >= 0:
+        i, start = j, ""
     k = text.find(end, max(j, 0))
     m = text.find(follows, max(k, 0))
-    if min(i, j, k, m) < 0 or not i < j < k < m:
+    if min(i, j, k, m) < 0 or not i <= j < k < m:
         return None
     return text[i + len(start):j], text[j + len(_PROBE_REASONING):k], text[k + len(end):m]
 

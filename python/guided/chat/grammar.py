@@ -16,6 +16,7 @@ from typing import Callable
 from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
+from .message_formats import text_only
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, Part, PyArgs,
                            Special, XmlArgs, argument_schemas, resolve)
 
@@ -78,7 +79,10 @@ def _reasoning(g: GrammarBuilder, special: SpecialTokens, r: ReasoningPlan | Non
         return close if r.state == "open" else ""
     # Its budget is kept by the engine (ComposedGrammar.reasoning_end), not
     # by llguidance's max_tokens, which would forbid the closing's rollback.
-    inside = seq(g.rule("reasoning", regex(r"(?s:.*)")), close)
+    # An end marker of text (Apriel's) ends the text at its first occurrence.
+    end_text = text_only(r.end)
+    inside = seq(g.rule("reasoning", regex(r"(?s:.*)"), suffix=end_text), lit(r.after)) if end_text else \
+        seq(g.rule("reasoning", regex(r"(?s:.*)")), close)
     if r.state == "open":
         return inside
     block = seq(start, lit(r.open), inside)

@@ -51,21 +51,32 @@ HARMONY = MessageFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"
 #: Command R7B: a plan in thinking tokens before its actions, an answer in response tokens
 COHERE = MessageFormat("command_r7b", start=(Special("<|START_THINKING|>"),), end=(Special("<|END_THINKING|>"),),
                          answer=(Special("<|START_RESPONSE|>"),))
+#: Apriel 1.6: plain text; its generation prompt opens the block, which ends at
+#: the final-response marker (text markers: the template must name them)
+APRIEL = MessageFormat("apriel", start=(Lit("Here are my reasoning steps:\n"),),
+                       end=(Lit("\n[BEGIN FINAL RESPONSE]\n"),))
 #: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
 TAGS = MessageFormat("tags", start=(Special("<think>", "reasoning_start"),),
                        end=(Special("</think>", "reasoning_end"),))
 #: GigaChat 3: the answer ends with <|message_sep|>, which a call turn may follow
 GIGACHAT = MessageFormat("gigachat", answer_end=(Special("<|message_sep|>"),))
-TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, TAGS, GIGACHAT)
+TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, APRIEL, TAGS, GIGACHAT)
 
 
-def find(special: SpecialTokens) -> MessageFormat | None:
-    """The first row whose every marker is an added token of this model."""
+def find(special: SpecialTokens, template: str) -> MessageFormat | None:
+    """The first row whose every marker is an added token of this model, and
+    whose every text marker the template names (Apriel's)."""
     for row in TABLE:
         parts = (*row.start, *row.end, *row.answer, *row.answer_end)
-        if all(special.id(p.role) is not None for p in parts if isinstance(p, Special)):
+        if all(special.id(p.role) is not None if isinstance(p, Special) else p.text.strip() in template
+               for p in parts):
             return row
     return None
+
+
+def text_only(parts: tuple[Part, ...]) -> str | None:
+    """The text of a marker written as text alone (no token), else None."""
+    return "".join(p.text for p in parts) if parts and all(isinstance(p, Lit) for p in parts) else None
 
 
 def marker_ids(parts: tuple[Part, ...], special: SpecialTokens, tokenizer: TokenizerWrapper) -> list[int]:

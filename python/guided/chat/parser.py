@@ -22,7 +22,7 @@ from ..outputs import RequestOutput
 from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
 from .calls import ParsedCall, ReadState, parse_calls
-from .message_formats import TAGS, MarkerReader, MessageFormat
+from .message_formats import TAGS, MarkerReader, MessageFormat, text_only
 from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve, specials
 
 
@@ -75,6 +75,8 @@ class ChatParser:
         # channels), found however many tokens they take
         m = markers or TAGS
         self._markers = MarkerReader(special, tokenizer, {"start": m.start, "end": m.end, "answer": m.answer})
+        # an end marker of text alone (Apriel's) is found in the reasoning's text, wherever tokens split it
+        self._end_text = text_only(m.end)
         self._answered = False
         # end tokens the calls block itself writes (harmony's <|call|>) are part of its text
         self._block_ends = frozenset(resolve(p, special)[0] for p in specials(self.tools.format)) \
@@ -197,12 +199,25 @@ class ChatParser:
         elif self.mode == "reasoning":
             if t not in s.control_ids:
                 self._reasoning_detok.push(t)
+                self._split_text_end()
         elif self.tools is not None and self._is_trigger(t):
             self.mode = "calls"
             self._region_push(t)
         elif t not in s.control_ids:
             self._content_detok.push(t)
             self._split_text_trigger()
+
+    def _split_text_end(self) -> None:
+        """Where the reasoning's text holds its end marker (of text), the
+        reasoning stops there and what follows it is content."""
+        text = self._reasoning_detok.text
+        at = text.find(self._end_text) if self._end_text else -1
+        if at < 0:
+            return
+        self._reasoning_detok.text = text[:at]
+        self.mode, self.after_reasoning = "content", True
+        self._content_detok.text += text[at + len(self._end_text):]
+        self._split_text_trigger()
 
     def _is_trigger(self, t: int) -> bool:
         return t == resolve(self.tools.format.trigger, self.special)[0]
@@ -266,6 +281,8 @@ class ChatParser:
         the model's own newlines are the reasoning's, kept so that it renders
         back the same."""
         text = self._reasoning_detok.text
+        if self.mode == "reasoning" and self._end_text:   # what may still begin the end marker
+            text = text[:len(text) - _partial_end(text, self._end_text)]
         if self.layout is not None and self.layout[0]:
             text = text.lstrip("\n")
         return text.rstrip("\n") if self.layout is None or self.layout[1] else text
