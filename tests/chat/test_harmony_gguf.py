@@ -176,7 +176,8 @@ def test_newlines_the_model_writes_in_its_analysis_render_back(gpt_oss):
     deltas = [d for t in ids for d in parser.push([t])] + parser.finish()
     content, reasoning, calls = reassemble(deltas)
     assert (content, reasoning) == (None, "\n\nLook it up.\n")
-    call = {"id": "call_1", "type": "function", "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}
     again = messages + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [call]},
                         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
     after = gpt_oss.prepare_chat(again, SamplingParams(max_tokens=80), options).prompt_ids
