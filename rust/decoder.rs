@@ -413,6 +413,9 @@ impl Decoder {
             return Err(format!("{} caches for {} layers", caches.len(), layers.len()));
         }
         let cache_len = num_blocks * block_size * kv;
+        if s.norm_kind == NormKind::Layer && (matches!(s.norms, Norms::Post | Norms::Sandwich) || s.qk_norm.is_some()) {
+            return Err(format!("LayerNorm runs where a layer's input is normed, not after its sublayers or on q/k ({:?} norms)", s.norms));
+        }
         for (i, (layer, cache)) in layers.iter().zip(&caches).enumerate() {
             let at = |what: &str| format!("layer {i}: {what}");
             width(&at("qkv"), &layer.qkv, q + 2 * kv, s.hidden)?;

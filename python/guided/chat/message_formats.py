@@ -39,25 +39,25 @@ class MessageFormat:
         return bool(self.start)
 
     def text(self, which: str, special: SpecialTokens) -> str:
-        """The text of a marker ("start", "end" or "answer") as a template writes it."""
+        """The text of a marker ("start", "end", "answer" or "answer_end") as a template writes it."""
         return "".join(resolve(p, special)[1] for p in getattr(self, which))
 
 
 #: gpt-oss (harmony): the analysis channel, then a new assistant message in
 #: the final channel (or a call in the commentary channel)
 HARMONY = MessageFormat("harmony", start=(Special("<|channel|>"), Lit("analysis"), Special("<|message|>")),
-                          end=(Special("<|end|>"), Special("<|start|>"), Lit("assistant")),
-                          answer=(Special("<|channel|>"), Lit("final"), Special("<|message|>")))
+                        end=(Special("<|end|>"), Special("<|start|>"), Lit("assistant")),
+                        answer=(Special("<|channel|>"), Lit("final"), Special("<|message|>")))
 #: Command R7B: a plan in thinking tokens before its actions, an answer in response tokens
 COHERE = MessageFormat("command_r7b", start=(Special("<|START_THINKING|>"),), end=(Special("<|END_THINKING|>"),),
-                         answer=(Special("<|START_RESPONSE|>"),))
+                       answer=(Special("<|START_RESPONSE|>"),))
 #: Apriel 1.6: plain text; its generation prompt opens the block, which ends at
 #: the final-response marker (text markers: the template must name them)
 APRIEL = MessageFormat("apriel", start=(Lit("Here are my reasoning steps:\n"),),
                        end=(Lit("\n[BEGIN FINAL RESPONSE]\n"),))
 #: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
 TAGS = MessageFormat("tags", start=(Special("<think>", "reasoning_start"),),
-                       end=(Special("</think>", "reasoning_end"),))
+                     end=(Special("</think>", "reasoning_end"),))
 #: GigaChat 3: the answer ends with <|message_sep|>, which a call turn may follow
 GIGACHAT = MessageFormat("gigachat", answer_end=(Special("<|message_sep|>"),))
 TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, APRIEL, TAGS, GIGACHAT)
@@ -89,14 +89,17 @@ def marker_ids(parts: tuple[Part, ...], special: SpecialTokens, tokenizer: Token
 
 
 class MarkerReader:
-    """Finds markers in a token stream, token by token: control tokens by
-    id, text by its characters (however the text is split into tokens).
-    Tokens that may still begin a marker are held until they do or cannot."""
+    """Finds markers that begin with a token in a token stream, token by
+    token: control tokens by id, their text parts by its characters (however
+    the text is split into tokens). Tokens that may still begin a marker are
+    held until they do or cannot. (A marker of text alone, Apriel's, may
+    begin inside a token: the parser looks for it in the text.)"""
 
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
                  markers: dict[str, tuple[Part, ...]]):
         self.special, self.tok = special, tokenizer
-        self.patterns = {name: _items(parts, special) for name, parts in markers.items() if parts}
+        self.patterns = {name: _items(parts, special) for name, parts in markers.items()
+                         if parts and text_only(parts) is None}
         self.held: list[int] = []
 
     def push(self, t: int, active: tuple[str, ...]) -> tuple[str | None, list[int]]:
