@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from guided.chat.request import ChatOptions, prepare_chat
 from guided.outputs import CompletionOutput, RequestOutput
-from guided.chat.tool_formats import Lit, resolve
+from guided.chat.message_formats import marker_items
+from guided.chat.tool_formats import Lit
 from guided.sampling_params import SamplingParams
 from helpers.templates import template_model, template_names
 
@@ -50,15 +51,7 @@ def _written(chat, reasoning: str, answer: str, state: str | None, cuts: list[in
     token inside its text)."""
     m = chat.markers
     parts = [*(() if state == "open" else m.start), Lit(reasoning), *m.end, *m.answer, Lit(answer), *m.answer_end]
-    runs: list = []
-    for p in parts:
-        tid, text = resolve(p, chat.special)
-        if tid is not None:
-            runs.append(tid)
-        elif runs and isinstance(runs[-1], str):
-            runs[-1] += text
-        else:
-            runs.append(text)
+    runs = marker_items(tuple(parts), chat.special)
     ids: list[int] = []
     for run in runs:
         if isinstance(run, int):

@@ -98,7 +98,7 @@ class MarkerReader:
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
                  markers: dict[str, tuple[Part, ...]]):
         self.special, self.tok = special, tokenizer
-        self.patterns = {name: _items(parts, special) for name, parts in markers.items()
+        self.patterns = {name: marker_items(parts, special) for name, parts in markers.items()
                          if parts and text_only(parts) is None}
         self.held: list[int] = []
 
@@ -150,8 +150,8 @@ class MarkerReader:
         return out
 
 
-def _items(parts: tuple[Part, ...], special: SpecialTokens) -> list[int | str]:
-    """A marker as control token ids and runs of text."""
+def marker_items(parts: tuple[Part, ...], special: SpecialTokens) -> list[int | str]:
+    """Parts as control token ids and runs of text."""
     out: list[int | str] = []
     for p in parts:
         tid, text = resolve(p, special)
