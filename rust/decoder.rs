@@ -28,6 +28,8 @@ use crate::moe::route;
 use crate::activations::Activations;
 use crate::pool::{self, SendPtr};
 use crate::quant::QuantMatrix;
+use crate::short_conv::{ConvRows, ShortConv};
+pub use crate::step_profile::{Phase, Profile, PHASES};
 
 /// Where a layer's RMSNorms sit (architectures.py's `norms`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,21 +178,49 @@ pub enum Mlp {
     Moe(Box<Moe>),
 }
 
-pub struct Layer {
-    pub attn_norm: Option<Vec<f32>>,
-    pub mlp_norm: Option<Vec<f32>>,
-    pub attn_post_norm: Option<Vec<f32>>,
-    pub mlp_post_norm: Option<Vec<f32>>,
+/// A layer's token mixer: attention, or LFM2's gated short convolution.
+pub enum Mixer {
+    Attention(Attention),
+    ShortConv(ConvMixer),
+}
+
+/// LFM2's mixer: in_proj [3·hidden, hidden] gives B, C and x, the convolution mixes
+/// them (short_conv.rs), out_proj [hidden, hidden].
+pub struct ConvMixer {
+    pub in_proj: Linear,
+    pub conv: ShortConv,
+    pub out_proj: Linear,
+}
+
+pub struct Attention {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub qkv: Linear,
     pub o: Linear,
-    pub mlp: Mlp,
     pub scores: Scores,
     /// gpt-oss: a logit per head that joins its softmax
     pub sinks: Option<Vec<f32>>,
     /// which rotary table the layer uses (None: it does not rotate)
     pub rope: Option<usize>,
+}
+
+pub struct Layer {
+    /// the mixer's input norm (attention's or the convolution's)
+    pub attn_norm: Option<Vec<f32>>,
+    pub mlp_norm: Option<Vec<f32>>,
+    pub attn_post_norm: Option<Vec<f32>>,
+    pub mlp_post_norm: Option<Vec<f32>>,
+    pub mixer: Mixer,
+    pub mlp: Mlp,
+}
+
+impl Layer {
+    fn rope(&self) -> Option<usize> {
+        match &self.mixer {
+            Mixer::Attention(a) => a.rope,
+            Mixer::ShortConv(_) => None,
+        }
+    }
 }
 
 /// A float array owned elsewhere (a numpy array the Python side holds),
@@ -233,7 +263,8 @@ pub enum Embedding {
     Rows(Arc<QuantMatrix>),
 }
 
-/// A layer's K and V caches, [blocks, block_size, kv_heads, head_dim] each.
+/// A layer's K and V caches, [blocks, block_size, kv_heads, head_dim] each (a convolution
+/// layer's: each token's B·x in `k`, [blocks, block_size, hidden], and `v` empty).
 pub struct Cache {
     pub k: Borrowed,
     pub v: Borrowed,
@@ -251,70 +282,6 @@ pub struct Step<'a> {
     pub query_start: &'a [i32],
     /// the rows whose logits come back, in order
     pub logit_rows: &'a [i64],
-}
-
-/// Where a step's time goes, when profiling (`Decoder::profile`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    Embed,
-    /// input norms, post norms and residual adds
-    Norms,
-    /// activations quantized to 8 bits for the packed kernels
-    Quantize,
-    Qkv,
-    /// q/k norms, rotation and the KV write
-    Rope,
-    Attention,
-    Output,
-    GateUp,
-    Activation,
-    Down,
-    /// routing and gathering rows for experts
-    Experts,
-    Head,
-}
-
-pub const PHASES: [Phase; 12] = [
-    Phase::Embed,
-    Phase::Norms,
-    Phase::Quantize,
-    Phase::Qkv,
-    Phase::Rope,
-    Phase::Attention,
-    Phase::Output,
-    Phase::GateUp,
-    Phase::Activation,
-    Phase::Down,
-    Phase::Experts,
-    Phase::Head,
-];
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Embed => "embed",
-            Phase::Norms => "norms_residual",
-            Phase::Quantize => "quantize_activations",
-            Phase::Qkv => "qkv_matmul",
-            Phase::Rope => "qk_norm_rope_kv_write",
-            Phase::Attention => "attention",
-            Phase::Output => "o_matmul",
-            Phase::GateUp => "gate_up_matmul",
-            Phase::Activation => "activation",
-            Phase::Down => "down_matmul",
-            Phase::Experts => "expert_routing",
-            Phase::Head => "lm_head",
-        }
-    }
-}
-
-/// Time per phase, summed over the steps since profiling started.
-#[derive(Default, Clone)]
-pub struct Profile {
-    pub steps: usize,
-    pub rows: usize,
-    pub seconds: [f64; PHASES.len()],
-    pub total: f64,
 }
 
 /// Buffers a step reuses, so a decode step allocates nothing.
@@ -412,14 +379,12 @@ impl Decoder {
         if caches.len() != layers.len() {
             return Err(format!("{} caches for {} layers", caches.len(), layers.len()));
         }
-        let cache_len = num_blocks * block_size * kv;
+        let (cache_len, conv_len) = (num_blocks * block_size * kv, num_blocks * block_size * s.hidden);
         if s.norm_kind == NormKind::Layer && (matches!(s.norms, Norms::Post | Norms::Sandwich) || s.qk_norm.is_some()) {
             return Err(format!("LayerNorm runs where a layer's input is normed, not after its sublayers or on q/k ({:?} norms)", s.norms));
         }
         for (i, (layer, cache)) in layers.iter().zip(&caches).enumerate() {
             let at = |what: &str| format!("layer {i}: {what}");
-            width(&at("qkv"), &layer.qkv, q + 2 * kv, s.hidden)?;
-            width(&at("o"), &layer.o, s.hidden, q)?;
             for (what, norm) in [("attn_norm", &layer.attn_norm), ("mlp_norm", &layer.mlp_norm)] {
                 let absent = s.norms == Norms::Post || (what == "mlp_norm" && s.norms == Norms::Parallel);
                 check_len(&at(what), norm.as_ref().filter(|_| !absent), s.hidden)?;
@@ -430,18 +395,33 @@ impl Decoder {
             for (what, norm) in [("attn_post_norm", &layer.attn_post_norm), ("mlp_post_norm", &layer.mlp_post_norm)] {
                 check_len(&at(what), norm.as_ref().filter(|_| !matches!(s.norms, Norms::Pre | Norms::Parallel)), s.hidden)?;
             }
-            let (qn, kn) = match s.qk_norm {
-                Some(QkNorm::Head) => (s.head_dim, s.head_dim),
-                Some(QkNorm::Full) => (q, kv),
-                None => (0, 0),
-            };
-            if s.qk_norm.is_some() {
-                check_len(&at("q_norm"), layer.q_norm.as_ref(), qn)?;
-                check_len(&at("k_norm"), layer.k_norm.as_ref(), kn)?;
-            }
-            if let Some(sinks) = &layer.sinks {
-                if sinks.len() != s.heads {
-                    return Err(at(&format!("{} sinks for {} heads", sinks.len(), s.heads)));
+            match &layer.mixer {
+                Mixer::Attention(a) => {
+                    width(&at("qkv"), &a.qkv, q + 2 * kv, s.hidden)?;
+                    width(&at("o"), &a.o, s.hidden, q)?;
+                    let (qn, kn) = match s.qk_norm {
+                        Some(QkNorm::Head) => (s.head_dim, s.head_dim),
+                        Some(QkNorm::Full) => (q, kv),
+                        None => (0, 0),
+                    };
+                    if s.qk_norm.is_some() {
+                        check_len(&at("q_norm"), a.q_norm.as_ref(), qn)?;
+                        check_len(&at("k_norm"), a.k_norm.as_ref(), kn)?;
+                    }
+                    if a.sinks.as_ref().is_some_and(|sinks| sinks.len() != s.heads) {
+                        return Err(at(&format!("sinks that are not one per head ({})", s.heads)));
+                    }
+                    if cache.k.len != cache_len || cache.v.len != cache_len {
+                        return Err(at(&format!("caches of {} and {} values, not {cache_len}", cache.k.len, cache.v.len)));
+                    }
+                }
+                Mixer::ShortConv(c) => {
+                    width(&at("in_proj"), &c.in_proj, 3 * s.hidden, s.hidden)?;
+                    width(&at("out_proj"), &c.out_proj, s.hidden, s.hidden)?;
+                    c.conv.check(s.hidden).map_err(|e| at(&e))?;
+                    if cache.k.len != conv_len || cache.v.len != 0 {
+                        return Err(at(&format!("a convolution cache of {} and {} values, not {conv_len} and 0", cache.k.len, cache.v.len)));
+                    }
                 }
             }
             match &layer.mlp {
@@ -459,9 +439,6 @@ impl Decoder {
                         check_expert(&at(&format!("expert {e}")), expert, s.hidden)?;
                     }
                 }
-            }
-            if cache.k.len != cache_len || cache.v.len != cache_len {
-                return Err(at(&format!("caches of {} and {} values, not {cache_len}", cache.k.len, cache.v.len)));
             }
         }
         let vocab_rows = match &embedding {
@@ -577,13 +554,13 @@ impl Decoder {
             return Err(format!("block tables of {} entries for {seqs} sequences", step.tables.len()));
         }
         for (k, table) in rope.iter().enumerate() {
-            let used = self.layers.iter().any(|l| l.rope == Some(k));
+            let used = self.layers.iter().any(|l| l.rope() == Some(k));
             let need = step.positions.iter().map(|&p| p + 1).max().unwrap_or(0) as usize * self.spec.rotary_dim;
             if used && table.len() < need {
                 return Err(format!("rotary table {k} has {} values, positions need {need}", table.len()));
             }
         }
-        if let Some(k) = self.layers.iter().filter_map(|l| l.rope).find(|&k| k >= rope.len()) {
+        if let Some(k) = self.layers.iter().filter_map(Layer::rope).find(|&k| k >= rope.len()) {
             return Err(format!("a layer uses rotary table {k} of {}", rope.len()));
         }
         if let Some(p) = step.positions.iter().find(|&&p| p < 0 || p as usize >= step.max_blocks * self.block_size) {
@@ -633,32 +610,12 @@ impl Decoder {
             x
         };
         bufs.mark(Phase::Norms);
-        let mut qkv = std::mem::take(&mut bufs.qkv);
-        qkv.resize(t * layer.qkv.rows, 0.0);
-        layer.qkv.forward(input, &mut qkv, bufs, Phase::Qkv);
-        let mut q = std::mem::take(&mut bufs.q);
-        q.resize(t * s.heads * s.head_dim, 0.0);
-        // SAFETY: the step lock is held; each row writes its own slots
-        let (kc, vc) = unsafe { (cache.k.slice_mut(), cache.v.slice_mut()) };
-        self.place_qkv(layer, step, rope, &mut qkv, &mut q, kc, vc);
-        bufs.mark(Phase::Rope);
-        let mut attn = std::mem::take(&mut bufs.attn);
-        attn.resize(q.len(), 0.0);
-        let layout = Layout {
-            heads: s.heads,
-            kv_heads: s.kv_heads,
-            head_size: s.head_dim,
-            num_blocks: self.num_blocks,
-            block_size: self.block_size,
-            max_blocks: step.max_blocks,
-        };
-        let rows = Rows { tables: step.tables, seq: &bufs.seq, pos: &bufs.pos };
-        attention::paged_attention(&layout, &q, cache.k.slice(), cache.v.slice(), &rows, layer.scores, layer.sinks.as_deref(), &mut attn, true)
-            .expect("checked with the step");
-        bufs.mark(Phase::Attention);
         let mut o = std::mem::take(&mut bufs.o);
         o.resize(t * hidden, 0.0);
-        layer.o.forward(&attn, &mut o, bufs, Phase::Output);
+        match &layer.mixer {
+            Mixer::Attention(a) => self.attention(a, cache, step, rope, input, &mut o, bufs),
+            Mixer::ShortConv(c) => self.short_conv(c, cache, step, input, &mut o, bufs),
+        }
         self.residual(x, &mut o, layer.attn_post_norm.as_deref());
         // MLP (side by side with attention: on the same normed input)
         let input: &[f32] = if s.norms == Norms::Parallel {
@@ -682,10 +639,56 @@ impl Decoder {
         self.residual(x, &mut o, layer.mlp_post_norm.as_deref());
         bufs.mark(Phase::Norms);
         bufs.h = h;
+        bufs.o = o;
+    }
+
+    /// Attention over the paged cache: `input` [t, hidden] → `o` [t, hidden].
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, a: &Attention, cache: &Cache, step: &Step, rope: &[&[f32]], input: &[f32], o: &mut [f32], bufs: &mut Buffers) {
+        let s = &self.spec;
+        let mut qkv = std::mem::take(&mut bufs.qkv);
+        qkv.resize(step.ids.len() * a.qkv.rows, 0.0);
+        a.qkv.forward(input, &mut qkv, bufs, Phase::Qkv);
+        let mut q = std::mem::take(&mut bufs.q);
+        q.resize(step.ids.len() * s.heads * s.head_dim, 0.0);
+        // SAFETY: the step lock is held; each row writes its own slots
+        let (kc, vc) = unsafe { (cache.k.slice_mut(), cache.v.slice_mut()) };
+        self.place_qkv(a, step, rope, &mut qkv, &mut q, kc, vc);
+        bufs.mark(Phase::Rope);
+        let mut attn = std::mem::take(&mut bufs.attn);
+        attn.resize(q.len(), 0.0);
+        let layout = Layout {
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_size: s.head_dim,
+            num_blocks: self.num_blocks,
+            block_size: self.block_size,
+            max_blocks: step.max_blocks,
+        };
+        let rows = Rows { tables: step.tables, seq: &bufs.seq, pos: &bufs.pos };
+        attention::paged_attention(&layout, &q, cache.k.slice(), cache.v.slice(), &rows, a.scores, a.sinks.as_deref(), &mut attn, true)
+            .expect("checked with the step");
+        bufs.mark(Phase::Attention);
+        a.o.forward(&attn, o, bufs, Phase::Output);
         bufs.qkv = qkv;
         bufs.q = q;
         bufs.attn = attn;
-        bufs.o = o;
+    }
+
+    /// LFM2's gated short convolution (short_conv.rs): `input` [t, hidden] → `o` [t, hidden].
+    fn short_conv(&self, c: &ConvMixer, cache: &Cache, step: &Step, input: &[f32], o: &mut [f32], bufs: &mut Buffers) {
+        let mut bcx = std::mem::take(&mut bufs.qkv);
+        bcx.resize(step.ids.len() * c.in_proj.rows, 0.0);
+        c.in_proj.forward(input, &mut bcx, bufs, Phase::Qkv);
+        let mut mixed = std::mem::take(&mut bufs.attn);
+        mixed.resize(o.len(), 0.0);
+        let rows = ConvRows { slots: step.slots, tables: step.tables, max_blocks: step.max_blocks, block_size: self.block_size, seq: &bufs.seq, pos: &bufs.pos };
+        // SAFETY: the step lock is held
+        c.conv.mix(&bcx, &rows, unsafe { cache.k.slice_mut() }, &mut mixed);
+        bufs.mark(Phase::Attention);
+        c.out_proj.forward(&mixed, o, bufs, Phase::Output);
+        bufs.qkv = bcx;
+        bufs.attn = mixed;
     }
 
     /// x += norm(h)·residual_multiplier (the norm where the architecture puts one after the sublayer).
@@ -788,7 +791,7 @@ impl Decoder {
 
     /// Per row: q/k norms and rotation; q into `q` [t, heads, d]; k and v into their cache slots.
     #[allow(clippy::too_many_arguments)]
-    fn place_qkv(&self, layer: &Layer, step: &Step, rope: &[&[f32]], qkv: &mut [f32], q: &mut [f32], kc: &mut [f32], vc: &mut [f32]) {
+    fn place_qkv(&self, layer: &Attention, step: &Step, rope: &[&[f32]], qkv: &mut [f32], q: &mut [f32], kc: &mut [f32], vc: &mut [f32]) {
         let s = &self.spec;
         let (d, qs, kvs) = (s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let width = qs + 2 * kvs;
@@ -900,14 +903,16 @@ mod tests {
                 mlp_norm: Some(vec![1.0; hidden]),
                 attn_post_norm: None,
                 mlp_post_norm: None,
-                q_norm: None,
-                k_norm: None,
-                qkv: dense((heads + 2 * kv) * d, hidden, 10 + i),
-                o: dense(hidden, heads * d, 20 + i),
+                mixer: Mixer::Attention(Attention {
+                    q_norm: None,
+                    k_norm: None,
+                    qkv: dense((heads + 2 * kv) * d, hidden, 10 + i),
+                    o: dense(hidden, heads * d, 20 + i),
+                    scores: Scores { scale: 0.35, window: if i == 0 { Some(3) } else { None }, softcap: None },
+                    sinks: None,
+                    rope: Some(0),
+                }),
                 mlp: Mlp::Dense(Expert { gate_up: dense(2 * inter, hidden, 30 + i), down: dense(hidden, inter, 40 + i) }),
-                scores: Scores { scale: 0.35, window: if i == 0 { Some(3) } else { None }, softcap: None },
-                sinks: None,
-                rope: Some(0),
             })
             .collect();
         let cache = || Cache { k: borrowed(vec![0.0; 8 * 4 * kv * d]), v: borrowed(vec![0.0; 8 * 4 * kv * d]) };

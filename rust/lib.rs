@@ -22,7 +22,9 @@ pub mod random;
 pub mod sampling;
 pub mod scheduler;
 pub mod speculative;
+pub mod step_profile;
 pub mod sequence;
+pub mod short_conv;
 pub mod simd;
 
 #[cfg(feature = "python")]

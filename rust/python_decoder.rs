@@ -11,7 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::attention::Scores;
-use crate::decoder::{Activation, Borrowed, Cache, Decoder, Embedding, Expert, Layer, Linear, Mlp, Moe, NormKind, Norms, QkNorm, Routing, Scoring, Spec, Step, Weight};
+use crate::decoder::{Activation, Attention, Borrowed, Cache, ConvMixer, Decoder, Embedding, Expert, Layer, Linear, Mixer, Mlp, Moe, NormKind, Norms, QkNorm, Routing, Scoring, Spec, Step, Weight};
+use crate::short_conv::ShortConv;
 use crate::dense::DenseMatrix;
 use crate::python_plan::PyStepPlan;
 use crate::python_quant::PyQuantMatrix;
@@ -120,19 +121,29 @@ fn layer(d: &Bound<'_, PyDict>) -> PyResult<Layer> {
         Some(m) => Mlp::Moe(Box::new(moe(&m)?)),
         None => Mlp::Dense(expert(&mlp, "mlp")?),
     };
+    let mixer = match optional::<Bound<'_, PyDict>>(d, "conv")? {
+        Some(c) => Mixer::ShortConv(ConvMixer {
+            in_proj: linear(&c, "in_proj", false)?,
+            conv: ShortConv { weight: floats(&c, "weight")?.ok_or_else(|| err("conv", "no weight"))?, bias: floats(&c, "bias")? },
+            out_proj: linear(&c, "out_proj", false)?,
+        }),
+        None => Mixer::Attention(Attention {
+            q_norm: floats(d, "q_norm")?,
+            k_norm: floats(d, "k_norm")?,
+            qkv: linear(d, "qkv", false)?,
+            o: linear(d, "o", false)?,
+            scores: Scores { scale: required(d, "scale")?, window: optional(d, "window")?, softcap: optional(d, "softcap")? },
+            sinks: floats(d, "sinks")?,
+            rope: optional(d, "rope")?,
+        }),
+    };
     Ok(Layer {
         attn_norm: floats(d, "attn_norm")?,
         mlp_norm: floats(d, "mlp_norm")?,
         attn_post_norm: floats(d, "attn_post_norm")?,
         mlp_post_norm: floats(d, "mlp_post_norm")?,
-        q_norm: floats(d, "q_norm")?,
-        k_norm: floats(d, "k_norm")?,
-        qkv: linear(d, "qkv", false)?,
-        o: linear(d, "o", false)?,
+        mixer,
         mlp,
-        scores: Scores { scale: required(d, "scale")?, window: optional(d, "window")?, softcap: optional(d, "softcap")? },
-        sinks: floats(d, "sinks")?,
-        rope: optional(d, "rope")?,
     })
 }
 
@@ -182,7 +193,8 @@ impl PyCpuDecoder {
     /// `spec`: the model's shape and its architecture's choices; `embedding`: a float32
     /// [vocab, hidden] array (read in place) or a QuantMatrix (rows dequantized on lookup);
     /// `layers`: one dict per layer; `lm_head`: {"parts", "bias", "precise"}; `caches`: per
-    /// layer a (K, V) pair of float32 [blocks, block_size, kv_heads, head_dim] arrays, written in place.
+    /// layer a (K, V) pair of float32 [blocks, block_size, kv_heads, head_dim] arrays, written in place
+    /// (a convolution layer's: [blocks, block_size, 1, hidden] and an empty V).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -219,8 +231,8 @@ impl PyCpuDecoder {
                 let what = format!("layer {i}'s cache");
                 let k = k.cast::<PyArray4<f32>>().map_err(|_| PyTypeError::new_err(format!("{what}: 4-D float32 arrays")))?;
                 let v = v.cast::<PyArray4<f32>>().map_err(|_| PyTypeError::new_err(format!("{what}: 4-D float32 arrays")))?;
-                if k.shape() != v.shape() {
-                    return Err(err(&what, "K and V differ in shape"));
+                if k.shape()[..2] != v.shape()[..2] {
+                    return Err(err(&what, "K and V differ in blocks or block size"));
                 }
                 shape = Some([k.shape()[0], k.shape()[1]]);
                 Ok(Cache { k: borrowed(k, &what)?, v: borrowed(v, &what)? })

@@ -2,7 +2,7 @@
 
 A tiny random GptOssForCausalLM over the default model's byte-level vocabulary,
 saved with harmony's special tokens and template and converted by the tests'
-GGUF writer (helpers/harmony_model.py), is loaded with ``LLM(path)`` alone: the
+GGUF writer (helpers/family_model.py), is loaded with ``LLM(path)`` alone: the
 architecture, the chat template and the formats all come from the file, as
 they do from a published gpt-oss GGUF. Then a four-turn agent loop, sent back
 turn by turn as an OpenAI client would (content None, reasoning_content,
@@ -23,7 +23,6 @@ are of the architecture its template was written for.
 """
 from __future__ import annotations
 
-import copy
 import json
 
 import jsonschema
@@ -31,15 +30,11 @@ import pytest
 
 from guided import ChatOptions, SamplingParams
 from helpers.families import BY_NAME
-from helpers.harmony_model import harmony_gguf
-from helpers.tools import ASK, SCHEMAS, TOOLS
+from helpers.family_model import family_gguf
+from helpers.agent_loop import SYSTEM, cache_shares, run_loop, turn_options
+from helpers.tools import ASK, SCHEMAS
 from test_chat_tools import reassemble
 
-SYSTEM = {"role": "system", "content": "You are a weather assistant. Look the weather up with the "
-                                       "tools you are given; never guess a temperature."}
-RESULTS = {"get_weather": {"temperature": 21, "sky": "clear"},
-           "search_flights": {"flights": [{"id": "AF123", "price": 420}]}}
-TURNS = 4
 #: the least share of the previous prompt and answer a turn finds in the cache
 #: (the cache holds whole blocks of 16 tokens)
 SHARE = 0.9
@@ -49,34 +44,16 @@ SHARE = 0.9
 def gpt_oss(tmp_path_factory, default_gguf):
     """The tiny harmony gpt-oss, loaded from its GGUF with nothing else said."""
     from guided import LLM
-    path = harmony_gguf(default_gguf, tmp_path_factory.mktemp("harmony"))
+    path = family_gguf("gpt-oss", default_gguf, tmp_path_factory.mktemp("harmony"))
     llm = LLM(path, kv_cache_tokens=4096, max_num_seqs=4)
     yield llm
     llm.close()
 
 
-def turn_options(turn: int) -> dict:
-    """A call required, then text on the last turn; the same effort throughout."""
-    last = turn == TURNS - 1
-    return {"tools": TOOLS, "tool_choice": "none" if last else "required", "reasoning_effort": "low"}
-
-
 @pytest.fixture(scope="module")
 def loop(gpt_oss) -> list[tuple[list[dict], SamplingParams, dict, object]]:
-    """Each turn's (messages sent, sampling, options, RequestOutput)."""
-    messages = [SYSTEM, *ASK]
-    turns = []
-    for turn in range(TURNS):
-        params, options = SamplingParams(max_tokens=80, temperature=1.0, seed=turn), turn_options(turn)
-        [out] = gpt_oss.chat(messages, params, use_tqdm=False, **options)
-        turns.append((copy.deepcopy(messages), params, options, out))
-        reply = out.outputs[0]
-        # what the OpenAI SDK sends back: the message as returned, then each call's result
-        messages.append({"role": "assistant", "content": reply.content,
-                         "reasoning_content": reply.reasoning_content, "tool_calls": reply.tool_calls})
-        messages += [{"role": "tool", "tool_call_id": call["id"],
-                      "content": json.dumps(RESULTS[call["function"]["name"]])} for call in reply.tool_calls]
-    return turns
+    """Each turn's (messages sent, sampling, options, RequestOutput); the same effort throughout."""
+    return run_loop(gpt_oss, reasoning_effort="low")
 
 
 def marker_texts(llm) -> list[str]:
@@ -129,10 +106,7 @@ def test_each_turn_finds_the_previous_one_in_the_prefix_cache(gpt_oss, loop):
     token, and the cache serves all of it but the last partial block."""
     outs = [out for _, _, _, out in loop]
     decode = lambda ids: gpt_oss.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-    shares = []
-    for before, out in zip(outs, outs[1:]):
-        previous = before.prompt_token_ids + before.outputs[0].token_ids
-        shares.append((out.num_cached_tokens, len(previous), out.prompt_token_ids[:len(previous)] == previous))
+    shares = cache_shares(outs)
     print("\ngpt-oss GGUF: cached / previous prompt+completion per turn: "
           + ", ".join(f"{c}/{p} = {c / p:.1%}" for c, p, _ in shares))
     for (cached, total, same), before, out in zip(shares, outs, outs[1:]):
@@ -167,7 +141,7 @@ def test_newlines_the_model_writes_in_its_analysis_render_back(gpt_oss):
     from guided.chat.prompt import ControlEscaper, tokenize_rendered
     chat = gpt_oss.chat_format
     messages = [SYSTEM, *ASK]
-    options = ChatOptions(**turn_options(0))
+    options = ChatOptions(**turn_options(0, reasoning_effort="low"))
     plan = gpt_oss.prepare_chat(messages, SamplingParams(max_tokens=80), options)
     written = ('<|channel|>analysis<|message|>\n\nLook it up.\n<|end|><|start|>assistant to=functions.get_weather'
                '<|channel|>commentary json<|message|>{"city": "Paris", "unit": "celsius"}<|call|>')

@@ -1,6 +1,6 @@
 """What the tests share: the peers' data beside the checkout (``SHARED``),
-the chat-family test models (families; harmony_model: a tiny gpt-oss GGUF
-with its own harmony template), a live server (live_server), the
+the chat-family test models (families; family_model: a tiny GGUF of a
+family's own architecture, gpt-oss or LFM2, with its own template), a live server (live_server), the
 JSON Schema reference checks (json_schema), the tool-calling data (tools),
 the default model's prompts (prompts) and the structured-output suites'
 validator and JSONSchemaBench sample (structured)."""

@@ -161,8 +161,7 @@ def build(family: Family, gguf_path: str, root: Path, weights: Path) -> str:
     d.mkdir(parents=True)
     tokenizer = gguf_tokenizer_info(md)["tokenizer"]
     (d / "tokenizer.json").write_text(_renamed(tokenizer.to_str(), family.markers), encoding="utf-8")
-    ids = {m: FIRST_FREE_ID + i for i, m in enumerate(family.markers)}
-    ids.update({"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2})
+    ids = token_ids(family)
     (d / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": family.bos, "eos_token": family.eos, "add_bos_token": False,
         "chat_template": template_text(family)}), encoding="utf-8")
@@ -170,6 +169,13 @@ def build(family: Family, gguf_path: str, root: Path, weights: Path) -> str:
     (d / "config.json").write_text(json.dumps(hf_config(md, ids[family.eos])))
     os.symlink(weights, d / "model.safetensors")
     return str(d)
+
+
+def token_ids(family: Family) -> dict[str, int]:
+    """The ids of the family's markers, and of the default model's own ChatML tokens."""
+    ids = {m: FIRST_FREE_ID + i for i, m in enumerate(family.markers)}
+    ids.update({"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2})
+    return ids
 
 
 def _renamed(tokenizer_json: str, markers: tuple[str, ...]) -> str:

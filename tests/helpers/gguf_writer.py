@@ -13,7 +13,8 @@ One `Arch` row per HF model_type says what differs from the plain TextModel path
 - `split_qkv`: ERNIE's fused qkv_proj / up_gate_proj are split (phi3 keeps attn_qkv and a
   double-height ffn_up, as llama.cpp's phi3 graph reads them);
 - `skip_lm_head`: Gemma 2 never writes output.weight; HunYuan skips it when tied;
-- `modify`: the converter class's own modify_tensors (gpt-oss: transformers' [E, in, out]
+- `modify`: the converter class's own modify_tensors (LFM2: its Conv1d weight squeezed to 2-D;
+  gpt-oss: transformers' [E, in, out]
   experts transposed and their interleaved gate/up columns split, biases likewise, sinks
   named `.weight`).
 Common to all: wrapper prefixes are stripped and vision/projector tensors dropped, MoE
@@ -22,9 +23,10 @@ transformers 5's fused gate_up_proj/down_proj), GLM's e_score_correction_bias be
 exp_probs_b.bias, Granite's shared_mlp.input_linear is split into gate and up, llama3 RoPE
 gets its rope_freqs tensor and LongRoPE its rope_factors_{long,short}.
 
-Tensor types as the converter's prepare_tensors: 1-D tensors, norms, biases and the MoE
-router (ffn_gate_inp) stay F32; the rest take `qtype`, and a row length Q8_0 cannot block
-(not a multiple of 32) falls back to F16 as the converter does. "MXFP4_MOE" writes the
+Tensor types as the converter's prepare_tensors: 1-D tensors, norms, biases, the MoE
+router (ffn_gate_inp) and LFM2's convolution (shortconv.conv) stay F32; the rest take
+`qtype`, and a row length Q8_0 cannot block (not a multiple of 32) falls back to F16 as
+the converter does. "MXFP4_MOE" writes the
 experts' matrices in MXFP4, as the converter repacks gpt-oss's Hub blocks (here quantized from
 the float experts by gguf's MXFP4 quantizer: the same block layout and values) and the rest F32.
 
@@ -198,6 +200,28 @@ def _granite_hybrid(w, h):
     w.add_rope_scaling_finetuned(use_rope)
     if not use_rope:
         w.add_context_length(2 ** 20)
+
+
+def _lfm2(w, h):
+    """LFM2Model: a KV head count per layer (0 for the convolution layers), the kernel size, and the
+    MLP's width as Lfm2MLP adjusts it."""
+    c = h.c
+    c["num_key_value_heads"] = [c["num_key_value_heads"] if t == "full_attention" else 0 for t in c["layer_types"]]
+    width = c.pop("intermediate_size")
+    if c.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        if c.get("block_ffn_dim_multiplier") is not None:
+            step = c["block_multiple_of"]
+            width = step * ((int(c["block_ffn_dim_multiplier"] * width) + step - 1) // step)
+    _base(w, h)
+    w.add_vocab_size(c["vocab_size"])
+    w.add_shortconv_l_cache(c["conv_L_cache"])
+    w.add_feed_forward_length(width)
+
+
+def _lfm2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """The Conv1d's [hidden, 1, kernel] as the 2-D tensor ggml's convolution takes."""
+    yield name, t.squeeze(1) if "conv.conv" in name else t
 
 
 def _qwen_moe(w, h):
@@ -427,6 +451,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "qwen3_moe": Arch("qwen3moe", _qwen_moe),
     "glm4_moe": Arch("glm4moe", _glm4_moe),
     "gpt_oss": Arch("gpt-oss", _gpt_oss, modify=_gpt_oss_tensors),
+    "lfm2": Arch("lfm2", _lfm2, modify=_lfm2_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
@@ -537,8 +562,9 @@ def _to_file_type(new_name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationT
     MoE experts' matrices (*_exps.weight) where it differs (gpt-oss's MXFP4)."""
     if experts is not None and new_name.endswith("_exps.weight"):
         return gguf.quants.quantize(data, experts), experts
-    router = ".ffn_gate_inp." in new_name
-    if data.ndim <= 1 or new_name.endswith("_norm.weight") or not new_name.endswith(".weight") or router:
+    # the MoE router, and LFM2's convolution (ggml's takes F32)
+    kept = ".ffn_gate_inp." in new_name or ".shortconv.conv." in new_name
+    if data.ndim <= 1 or new_name.endswith("_norm.weight") or not new_name.endswith(".weight") or kept:
         qtype = gguf.GGMLQuantizationType.F32
     try:
         return gguf.quants.quantize(data, qtype), qtype

@@ -28,6 +28,9 @@ files carry the Hub checkpoints' names, and the loader must read exactly these):
   [E, I, H], `down_proj_bias` [E, H]; router `mlp.router.{weight,bias}`; `self_attn.sinks` [heads].
   Not the Hub's MXFP4 `*_blocks`/`*_scales` (tests/model/test_architectures.py builds those).
 - cohere2: one `input_layernorm` per layer (a LayerNorm without bias) before attention and the MLP.
+- lfm2: `conv.in_proj`, `conv.conv` (a Conv1d's [hidden, 1, kernel]) and `conv.out_proj` in its
+  convolution layers, `self_attn.{q,k,v,out}_proj` and `q_layernorm`/`k_layernorm` in its attention
+  layers, `operator_norm`, `ffn_norm`, `feed_forward.w1/w3/w2`, the final `embedding_norm`.
 - ernie4_5: separate q/k/v and gate/up (transformers' own names; the original Baidu
   checkpoints' fused `qkv_proj` / `up_gate_proj` are not what HF repos publish).
 """
@@ -160,6 +163,25 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     # only, three sliding then one full as llama.cpp hard-codes it, a logit scale
     "cohere2": lambda: transformers.Cohere2Config(**_tiny(head_dim=None, num_hidden_layers=4, tie_word_embeddings=True,
         sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"], logit_scale=0.25)),
+    # multi-head latent attention (queries through a rank-32 bottleneck, a 32-wide latent and an 8-wide
+    # rotary key per token, pairs interleaved), YaRN with DeepSeek's mscale pair, grouped sigmoid experts
+    # with a shared one after a dense first layer
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**_tiny(head_dim=None, num_key_value_heads=4,
+        tie_word_embeddings=False, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 128})),
+    # GLM-4.7-Flash: the same attention with one query projection, its MLP kinds by mlp_layer_types
+    "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(**_tiny(head_dim=None, num_key_value_heads=4,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
+        mlp_layer_types=["dense", "sparse"])),
+    # gated short convolutions (kernel 3) around one attention layer, the first layer a convolution;
+    # the MLP's width adjusted as LFM2's (2/3 of 128, rounded up to a multiple of 32: 96)
+    "lfm2": lambda: transformers.Lfm2Config(**_tiny(num_hidden_layers=4, tie_word_embeddings=True,
+        layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3, block_multiple_of=32)),
     # attention sinks, every other layer sliding (llama.cpp's fixed gpt-oss pattern), biases everywhere,
     # YaRN over an original context of 32 (truncate left at transformers' default, True, which is what
     # ggml computes; the Hub's false is tested on its own); transformers runs it eagerly (no SDPA)

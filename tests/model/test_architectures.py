@@ -53,7 +53,9 @@ gguf = pytest.importorskip("gguf")
 ARCHS = list(ARCHITECTURES)
 #: llama.cpp's converter writes no sliding window for MistralForCausalLM (it goes through its
 #: LlamaModel), so that GGUF attends to everything, as llama.cpp itself does
-NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window"}
+NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window",
+           # llama.cpp's deepseek2 files split kv_b_proj into per-head k_b/v_b tensors the loader does not read yet
+           "deepseek_v3": "no deepseek2 GGUF reader yet", "glm4_moe_lite": "no deepseek2 GGUF reader yet"}
 
 
 def _prompt_lengths(arch: str) -> tuple[int, ...]:
@@ -320,7 +322,8 @@ def test_two_ranks_give_transformers_greedy_tokens(arch, tiny):
         llm.close()
 
 
-@pytest.mark.parametrize("arch, message", [("gpt_oss", "experts have biases"), ("olmo2", "over all heads")])
+@pytest.mark.parametrize("arch, message", [("gpt_oss", "experts have biases"), ("olmo2", "over all heads"),
+                                           ("lfm2", "short-convolution layers"), ("deepseek_v3", "latent attention")])
 def test_what_tensor_parallelism_cannot_split_is_refused_by_name(arch, message, tiny):
     directory = tiny(arch)[0]
     with pytest.raises(ValueError, match=message):
@@ -334,8 +337,8 @@ def test_unsupported_layers_are_refused_by_name(tmp_path):
               "layer_types": ["mamba", "attention"]}
     with pytest.raises(ValueError, match="mamba"):
         ModelConfig.from_hf(hybrid)
-    with pytest.raises(ValueError, match="DeepseekV3ForCausalLM.*Gemma3ForCausalLM"):
-        ModelConfig.from_hf({**hybrid, "architectures": ["DeepseekV3ForCausalLM"]})
+    with pytest.raises(ValueError, match="KimiLinearForCausalLM.*Gemma3ForCausalLM"):
+        ModelConfig.from_hf({**hybrid, "architectures": ["KimiLinearForCausalLM"]})
 
 
 # ---------------------------------------------------------------- the real Gemma 3 270M

@@ -20,7 +20,7 @@ both ways:
 Then what the native step promises on its own: one request, one answer — a
 prompt alone, chunked, batched with others and after a prefix-cache hit gives
 the same tokens and log-probabilities to the bit (sliding windows, soft-caps,
-sinks and experts included); a clear refusal where it cannot run.
+sinks, experts and short convolutions included); a clear refusal where it cannot run.
 """
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ from helpers.tiny_models import ARCHITECTURES, VOCAB, build
 pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
                                 reason="the native step needs this CPU's build of the kernels (AVX2)")
 
-#: llama.cpp's converter drops Mistral's sliding window (test_architectures.NO_GGUF)
-NO_GGUF = {"mistral_swa"}
+#: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF)
+NO_GGUF = {"mistral_swa", "deepseek_v3", "glm4_moe_lite"}
+#: what the native step refuses by name (the torch step runs them)
+NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention"}
 GREEDY = SamplingParams(temperature=0, max_tokens=16, logprobs=5, ignore_eos=True)
 
 
@@ -79,7 +81,7 @@ def _compare(ref, ours, logprob_tol: float, tie: float) -> None:
             assert b.token_ids[i] == t, (i, a.token_ids, b.token_ids)
 
 
-@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a not in NOT_NATIVE])
 def test_every_architecture_runs_natively_as_torch_runs_it(arch, checkpoints):
     directory, q8, prompts = checkpoints(arch)
     ref = _outputs(directory, "torch", prompts, dtype="float32")
@@ -92,11 +94,12 @@ def test_every_architecture_runs_natively_as_torch_runs_it(arch, checkpoints):
         _compare(ref, ours, 0.15, 0.3)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "gpt_oss", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text", "gpt_oss", "glm4_moe", "lfm2"])
 def test_one_request_one_answer_on_the_native_step(arch, checkpoints):
     """Sliding windows and soft-caps (Gemma), sinks and experts (gpt-oss), grouped
-    sigmoid routing with a shared expert (GLM): each prompt alone, chunked by 7, in
-    a batch, and again after its prefix is cached gives the same bits."""
+    sigmoid routing with a shared expert (GLM), short convolutions reading the
+    tokens before a chunk (LFM2): each prompt alone, chunked by 7, in a batch,
+    and again after its prefix is cached gives the same bits."""
     _, q8, prompts = checkpoints(arch)
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=0, ignore_eos=True)
 
@@ -127,7 +130,7 @@ def alone_engines(checkpoints):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(["gemma3_text", "gpt_oss"]),
+@given(arch=st.sampled_from(["gemma3_text", "gpt_oss", "lfm2"]),
        lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5), chunk=st.integers(2, 48),
        repeat_first=st.booleans(), seed=st.integers(0, 2**16))
 def test_generated_batches_and_chunks_change_no_answer(arch, lengths, chunk, repeat_first, seed, alone_engines):
@@ -146,6 +149,16 @@ def test_generated_batches_and_chunks_change_no_answer(arch, lengths, chunk, rep
     alone = [answers(alone_engines(arch), [p])[0] for p in prompts]
     together = LLM(alone_engines(arch).loaded.path, cpu_step="native", max_num_batched_tokens=chunk)
     assert answers(together, prompts) == alone
+
+
+@pytest.mark.parametrize("arch", list(NOT_NATIVE))
+def test_what_the_native_step_cannot_run_is_refused_by_name_and_runs_in_torch(arch, checkpoints):
+    from guided.model.native import NotNative
+    directory, _, prompts = checkpoints(arch)
+    with pytest.raises(NotNative, match=NOT_NATIVE[arch]):
+        LLM(directory, dtype="float32", cpu_step="native")
+    llm = LLM(directory, dtype="float32", cpu_step="auto")
+    assert llm.engine.runner.native is None and llm.generate(prompts, GREEDY, use_tqdm=False)
 
 
 def test_where_the_native_step_cannot_run_it_says_why(checkpoints):

@@ -40,10 +40,17 @@ What each field means:
   config.json and the fields read so far, ``read_gguf`` a getter of the
   architecture's metadata keys and the fields read so far.
 
-Out of scope, and what each would need: recurrent layers (Mamba2 in Granite
-4.0-H, LFM2's short convolutions, Qwen3.5's Gated DeltaNet) need a
-per-sequence state beside the paged KV cache; MLA (DeepSeek V3, Kimi K2) a
-latent KV cache.
+A layer of ``layer_types`` "conv" (LFM2) mixes tokens with a gated short
+convolution instead of attention (model/short_conv.py): its cache holds each
+token's convolution input in the paged blocks, so it needs no state of its own.
+
+Out of scope, and what each would need: recurrent layers with a state a token
+cannot hold (Mamba2 in Granite 4.0-H and Nemotron-H, Qwen3.5's Gated
+DeltaNet) need a per-sequence state pool beside the paged KV cache.
+
+A row with a ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends
+with multi-head latent attention (model/latent_attention.py): its cache holds
+each token's latent and rotary key, one entry for all heads.
 """
 from __future__ import annotations
 
@@ -72,6 +79,21 @@ class MoEConfig:
     dense_layers: tuple[bool, ...] = ()
     router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
     expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
+
+
+@dataclass(frozen=True)
+class LatentConfig:
+    """Multi-head latent attention (latent_attention.py): queries through a rank-`q_lora_rank`
+    bottleneck (0: one projection), keys and values from a cached latent of `kv_lora_rank` values
+    and a `rope_dim` rotary key shared by the heads; per head, `nope_dim` + `rope_dim` query and key
+    values and `v_dim` value ones."""
+    q_lora_rank: int
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    #: the checkpoint rotates pairs (transformers' rope_interleave); the loader permutes to halves
+    interleaved: bool = True
 
 
 def _none(*_) -> dict[str, Any]:
@@ -192,6 +214,35 @@ def _cohere2_gguf(get, base: dict) -> dict[str, Any]:
             "rope_layers": tuple("global" if t == "sliding" else None for t in types)}
 
 
+def _lfm2_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # the MLP's width is block_ff_dim adjusted as Lfm2MLP does: 2/3 of it, times a multiplier,
+    # rounded up to a multiple of block_multiple_of
+    width = cfg.get("block_ff_dim") or cfg["intermediate_size"]
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            step = int(cfg.get("block_multiple_of", 256))
+            width = step * ((int(float(cfg["block_ffn_dim_multiplier"]) * width) + step - 1) // step)
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        full = set(cfg.get("full_attn_idxs") or range(n))
+        types = ["full_attention" if i in full else "conv" for i in range(n)]
+    types = tuple("conv" if t == "conv" else "full" for t in types)
+    return {"intermediate_size": width, "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)), "layer_types": types,
+            "rope_layers": tuple(None if t == "conv" else "global" for t in types),
+            "conv_kernel": int(cfg.get("conv_L_cache", 3)), "conv_bias": bool(cfg.get("conv_bias", False)),
+            "tie_word_embeddings": bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))}
+
+
+def _lfm2_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp: a KV head count per layer, 0 for the convolution layers
+    kv = get("attention.head_count_kv")
+    types = tuple("conv" if k == 0 else "full" for k in kv)
+    return {"layer_types": types, "rope_layers": tuple(None if t == "conv" else "global" for t in types),
+            "num_kv_heads": int(max(kv)), "conv_kernel": int(get("shortconv.l_cache"))}
+
+
 def _alternating(n: int) -> tuple[str, ...]:
     """Every other layer slides, the first among them (gpt-oss, and llama.cpp's gemma2)."""
     return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
@@ -227,16 +278,38 @@ def _qwen3_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
                              norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), dense_layers=dense)}
 
 
-def _glm4_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
+def _grouped_sigmoid_moe(cfg: dict) -> MoEConfig:
+    """GLM-4.5's and DeepSeek V3's experts: sigmoid scores with a selection bias, chosen from the
+    best groups, a shared expert; dense MLPs in the first `first_k_dense_replace` layers (or where
+    GLM-4.7-Flash's mlp_layer_types says "dense")."""
     n, first = cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0
+    kinds = cfg.get("mlp_layer_types")
     experts = cfg.get("n_routed_experts") or cfg["num_local_experts"]
-    return {"moe": MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
-                             scoring="sigmoid", norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-                             routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
-                             num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1,
-                             shared_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
-                             dense_layers=tuple(i < first for i in range(n))),
-            "qk_norm": "head" if cfg.get("use_qk_norm") else None}
+    return MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                     scoring="sigmoid", norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                     routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
+                     num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1,
+                     shared_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
+                     dense_layers=tuple(k == "dense" for k in kinds) if kinds else tuple(i < first for i in range(n)))
+
+
+def _glm4_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    return {"moe": _grouped_sigmoid_moe(cfg), "qk_norm": "head" if cfg.get("use_qk_norm") else None}
+
+
+def _deepseek_v3_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    latent = LatentConfig(cfg.get("q_lora_rank") or 0, cfg["kv_lora_rank"], cfg["qk_nope_head_dim"],
+                          cfg["qk_rope_head_dim"], cfg["v_head_dim"], bool(cfg.get("rope_interleave", True)))
+    # the softmax scale over the whole query head, times YaRN's mscale² where the config gives mscale_all_dim
+    scale = (latent.nope_dim + latent.rope_dim) ** -0.5
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default" and rope.get("mscale_all_dim"):
+        factor = float(rope["factor"])
+        mscale = 0.1 * float(rope["mscale_all_dim"]) * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scale *= mscale * mscale
+    return {"moe": _grouped_sigmoid_moe(cfg), "latent": latent, "attention_scale": scale,
+            # the cache's one "head" is a token's entry; the rotary table is the rotary part's
+            "num_kv_heads": 1, "head_dim": latent.kv_lora_rank + latent.rope_dim, "rotary_dim": latent.rope_dim}
 
 
 def _qwen3_moe_gguf(get, base: dict) -> dict[str, Any]:
@@ -315,6 +388,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  read_hf=_gpt_oss_hf, read_gguf=_gpt_oss_gguf),
     Architecture("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), norms="parallel", norm_kind="layer",
                  interleaved_rope=True, read_hf=_cohere2_hf, read_gguf=_cohere2_gguf),
+    Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), output_bias=False,
+                 read_hf=_deepseek_v3_hf),
+    Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
     Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .architectures import Architecture, MoEConfig, architecture, for_gguf, for_hf
+from .architectures import Architecture, LatentConfig, MoEConfig, architecture, for_gguf, for_hf
 
 
 @dataclass
@@ -29,7 +29,8 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     #: the leading part of each head that rotates (Phi-4-mini: three quarters)
     rotary_dim: int | None = None
-    #: per layer, "full" or "sliding" (attends to the last `sliding_window` positions)
+    #: per layer, "full", "sliding" (attends to the last `sliding_window` positions) or "conv"
+    #: (a gated short convolution instead of attention: LFM2)
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
     #: per layer, the rotary table it uses: "global", "local" (Gemma 3's sliding layers) or None
@@ -45,6 +46,10 @@ class ModelConfig:
     qk_norm: str | None = None             # the architecture's, or the config's (GLM's use_qk_norm)
     swiglu_alpha: float = 1.702            # the "swiglu_oai" activation's sigmoid gain and clamp (gpt-oss)
     swiglu_limit: float = 7.0
+    #: multi-head latent attention in every layer (DeepSeek V3); head_dim is then its cache entry's width
+    latent: LatentConfig | None = None
+    conv_kernel: int = 0                   # a "conv" layer's kernel size (LFM2's conv_L_cache)
+    conv_bias: bool = False
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -57,6 +62,8 @@ class ModelConfig:
                              f"all {self.num_layers} layers")
         if "sliding" in self.layer_types and not self.sliding_window:
             raise ValueError(f"{self.architecture}: sliding layers without a sliding_window")
+        if "conv" in self.layer_types and self.conv_kernel < 1:
+            raise ValueError(f"{self.architecture}: convolution layers without a kernel size")
 
     @property
     def arch(self) -> Architecture:
@@ -64,6 +71,9 @@ class ModelConfig:
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and not self.moe.dense_layers[layer]
+
+    def is_conv(self, layer: int) -> bool:
+        return self.layer_types[layer] == "conv"
 
     def window(self, layer: int) -> int | None:
         """How many positions layer `layer` attends to (None: all)."""
@@ -83,7 +93,7 @@ class ModelConfig:
             other = sorted(set(types) - set(_LAYER_TYPES))
             if other:
                 raise ValueError(f"{arch.name}: layers of kind {', '.join(other)} are not supported "
-                                 f"(guided runs attention layers: {', '.join(_LAYER_TYPES)})")
+                                 f"(guided runs layers of kind: {', '.join(_LAYER_TYPES)})")
             types = tuple(_LAYER_TYPES[t] for t in types)
         elif window and arch.sliding_everywhere:
             types = ("sliding",) * cfg["num_hidden_layers"]
@@ -129,11 +139,11 @@ class ModelConfig:
         vocab = get("vocab_size") or len(md["tokenizer.ggml.tokens"])
         window = get("attention.sliding_window")
         kv_heads = get("attention.head_count_kv") or heads
-        if isinstance(kv_heads, (list, tuple)):   # per layer (Granite 4): all attention layers alike
-            if len(set(kv_heads)) != 1:
+        if isinstance(kv_heads, (list, tuple)):   # per layer (Granite 4, LFM2): all attention layers alike
+            if len(set(kv_heads)) != 1 and not get("shortconv.l_cache"):   # LFM2's reader names its 0s
                 raise ValueError(f"{name}: layers with different KV head counts {sorted(set(kv_heads))} "
                                  f"(recurrent layers) are not supported")
-            kv_heads = kv_heads[0]
+            kv_heads = max(kv_heads)
         fields = dict(
             architecture=arch.name,
             qk_norm=arch.qk_norm,     # or the loader's, where the file holds q/k norms
@@ -163,7 +173,7 @@ class ModelConfig:
 
 
 #: config.json's layer kinds (GraniteMoeHybrid says "attention"; "mamba" and others are refused)
-_LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding"}
+_LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "conv": "conv"}
 
 
 def _partial_rotary(cfg: dict) -> float:

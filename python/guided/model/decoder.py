@@ -1,6 +1,7 @@
-"""The decoder every architecture runs: attention and a gated MLP per layer,
-with what differs between architectures read from its row in
-architectures.py (where the norms sit, q/k norms, windows, multipliers).
+"""The decoder every architecture runs: attention (or LFM2's short convolution,
+short_conv.py, or DeepSeek's latent attention, latent_attention.py) and a gated MLP per layer, with what differs between
+architectures read from its row in architectures.py (where the norms sit,
+q/k norms, windows, multipliers).
 
 Weights are held fused (q|k|v in one matrix, gate|up in another) so a layer is
 four matmuls. Parameters are created on the meta device and the loader assigns
@@ -17,8 +18,10 @@ from torch import nn
 
 from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
+from .latent_attention import LatentAttention
 from .moe import MoE
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
+from .short_conv import ShortConv, previous_slots
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -76,13 +79,24 @@ class DecoderLayer(nn.Module):
         self.rope = c.rope_layers[index]
         self.residual = c.residual_multiplier
         self.glu = gated_activation(c)
-        self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
-        self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
+        #: LFM2's "conv" layers: a gated short convolution instead of attention
+        self.conv = ShortConv(c.hidden_size, c.conv_kernel, c.conv_bias) if c.is_conv(index) else None
+        #: DeepSeek V3's multi-head latent attention instead of q|k|v
+        self.mla = LatentAttention(c.latent, c.hidden_size, c.num_heads, c.rms_norm_eps, c.attention_scale,
+                                   RMSNorm) if c.latent else None
+        if self.conv is not None:
+            self.conv_in_proj = _linear(c.hidden_size, 3 * c.hidden_size, c.conv_bias)
+            self.conv_out_proj = _linear(c.hidden_size, c.hidden_size, c.conv_bias)
+        elif self.mla is not None:
+            self.o_proj = _linear(c.num_heads * c.latent.v_dim, c.hidden_size, c.output_bias)
+        else:
+            self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
+            self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
         #: gpt-oss: per head, a logit that joins the attention softmax (loaded as `layers.N.sinks`)
         self.sinks = nn.Parameter(torch.empty(c.num_heads, device="meta"), requires_grad=False) \
             if arch.sinks else None
         self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
-        if c.qk_norm:
+        if c.qk_norm and self.conv is None and self.mla is None:
             head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
@@ -104,9 +118,15 @@ class DecoderLayer(nn.Module):
         self.reduce = _whole
 
     def forward(self, x, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: KVCache,
-                plan: AttentionPlan):
+                plan: AttentionPlan, conv_slots: torch.Tensor | None = None):
         normed = self.attn_norm(x) if self.norm_in else x
-        h = self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
+        if self.conv is not None:
+            mixed = self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots)
+            h = self.conv_out_proj(mixed)
+        elif self.mla is not None:
+            h = self.reduce(self.o_proj(self.mla(normed, rotary[self.rope], kv_cache[0], plan)))
+        else:
+            h = self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
         x = x + self._out(h, "attn_post_norm")
         h = normed if self.parallel else self.mlp_norm(x) if self.norm_in else x
         if self.moe is not None:
@@ -177,12 +197,14 @@ class CausalLM(nn.Module):
             table.ensure(attn.max_context_len)
             rotary[kind] = table.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device, head_dim=self.config.head_dim)
+        kernel = self.config.conv_kernel
+        conv_slots = previous_slots(attn, positions, kernel - 1) if kernel else None
         x = self._embed(input_ids)
         if self.config.embedding_multiplier != 1.0:
             # Gemma rounds its √hidden to the activations' dtype first
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, rotary, cache, plan)
+            x = layer(x, rotary, cache, plan, conv_slots)
         return self.norm(x)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -209,16 +231,32 @@ class CausalLM(nn.Module):
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dtype, device,
                       num_kv_heads: int | None = None) -> list[KVCache]:
-    """Zeroed K and V tensors per layer. On the CPU the zeros come from
-    calloc (numpy), whose pages the OS maps on first write: a large pool
+    """Zeroed K and V tensors per layer, [blocks, block_size, kv_heads, head_dim] (other layer
+    kinds: _cache_shapes). On the CPU the zeros come
+    from calloc (numpy), whose pages the OS maps on first write: a large pool
     costs nothing until it is used, where writing zeros into it took seconds."""
-    shape = (num_blocks, block_size, num_kv_heads or config.num_kv_heads, config.head_dim)
-    return [(_zeros(shape, dtype, device), _zeros(shape, dtype, device))
-            for _ in range(config.num_layers)]
+    return [tuple(_zeros((num_blocks, block_size, *shape), dtype, device)
+                  for shape in _cache_shapes(config, i, num_kv_heads)) for i in range(config.num_layers)]
+
+
+def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> tuple[tuple[int, int], ...]:
+    """A token's (K, V) in layer `layer`: [kv_heads, head_dim] each; a "conv" layer's B·x and a
+    latent-attention layer's entry (latent and rotary key) in K, V empty."""
+    if config.is_conv(layer):
+        return (1, config.hidden_size), (1, 0)
+    if config.latent is not None:
+        return (1, config.head_dim), (1, 0)
+    kv = (num_kv_heads or config.num_kv_heads, config.head_dim)
+    return kv, kv
+
+
+def cache_values_per_token(config: ModelConfig, num_kv_heads: int | None = None) -> int:
+    """The values one token takes in the KV cache, over all layers (allocate_kv_cache's shapes)."""
+    return sum(h * d for i in range(config.num_layers) for h, d in _cache_shapes(config, i, num_kv_heads))
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    if torch.device(device).type != "cpu":
+    if torch.device(device).type != "cpu" or 0 in shape:
         return torch.zeros(shape, dtype=dtype, device=device)
     size = torch.empty((), dtype=dtype).element_size()
     raw = np.zeros((*shape[:-1], shape[-1] * size), dtype=np.uint8)

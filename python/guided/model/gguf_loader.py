@@ -14,13 +14,16 @@ from .tokenizer_gguf import build_gguf_tokenizer
 from .weights import WeightSink
 
 _TOP = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
-        "output.weight": "lm_head.weight"}
+        "output.weight": "lm_head.weight",
+        "token_embd_norm.weight": "norm.weight"}   # LFM2's final norm (its model.embedding_norm)
 # llama.cpp's names → the names WeightSink takes (weights.LAYER_MODULES)
 _BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
           "post_attention_norm": "attn_post_norm", "ffn_norm": "mlp_norm", "post_ffw_norm": "mlp_post_norm",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# LFM2's short convolution: blk.N.shortconv.<part>.weight
+_SHORTCONV = {"in_proj": "conv_in_proj", "out_proj": "conv_out_proj", "conv": "conv"}
 
 
 # a mixture-of-experts MLP's tensors, whole names by llama.cpp's name and suffix (weights.WeightSink._add_moe)
@@ -43,6 +46,8 @@ def our_name(gguf_name: str) -> str | None:
         return None
     if ".".join(parts[2:]) in _MOE:
         return f"layers.{parts[1]}.{_MOE['.'.join(parts[2:])]}"
+    if parts[2] == "shortconv" and parts[3] in _SHORTCONV:
+        return f"layers.{parts[1]}.{_SHORTCONV[parts[3]]}.{parts[4]}"
     if parts[2] == "attn_sinks":
         return f"layers.{parts[1]}.sinks"
     if parts[2] not in _BLOCK:

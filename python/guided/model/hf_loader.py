@@ -96,7 +96,17 @@ _NORMS = {
                  "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"},
 }
 _MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # Hunyuan
-            "input_linear": "gate_up_proj", "output_linear": "down_proj"}     # Granite 4's shared MLP
+            "input_linear": "gate_up_proj", "output_linear": "down_proj",     # Granite 4's shared MLP
+            "q_a_layernorm": "q_a_norm", "kv_a_layernorm": "kv_a_norm",       # DeepSeek V3's latent attention
+            "kv_a_proj_with_mqa": "kv_a_proj"}
+#: modules named by their path in the layer, where the last name alone is ambiguous (LFM2's
+#: conv.out_proj and self_attn.out_proj)
+_PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
+          "self_attn.q_layernorm": "q_norm", "self_attn.k_layernorm": "k_norm", "self_attn.out_proj": "o_proj",
+          "feed_forward.w1": "gate_proj", "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj",
+          "conv.in_proj": "conv_in_proj", "conv.out_proj": "conv_out_proj", "conv.conv": "conv"}
+#: top-level tensors under another name (LFM2's final norm)
+_TOP = {"embedding_norm.weight": "norm.weight"}
 
 
 #: a mixture-of-experts MLP's tensors (after "mlp."): the router ("gate"), the experts, a shared expert
@@ -120,6 +130,8 @@ def _our_name(name: str, arch: Architecture) -> str | None:
             name = name[len(prefix):]
             break
     parts = name.split(".")
+    if parts[0] == "layers" and ".".join(parts[2:-1]) in _PATHS:
+        return f"layers.{parts[1]}.{_PATHS['.'.join(parts[2:-1])]}.{parts[-1]}"
     if parts[0] == "layers" and parts[-1] == "sinks":       # gpt-oss's self_attn.sinks
         return f"layers.{parts[1]}.sinks"
     if parts[0] == "layers" and len(parts) > 3:
@@ -127,13 +139,18 @@ def _our_name(name: str, arch: Architecture) -> str | None:
             return ".".join(parts[:2] + ["moe"] + _MOE[parts[3]](parts[4:]))
         module = parts[-2]
         parts[-2] = _NORMS[arch.norms].get(module) or _MODULES.get(module, module)
-    return ".".join(parts)
+    return _TOP.get(name) or ".".join(parts)
 
 
 def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> torch.Tensor:
     """Gemma's norms store w for (1 + w); Ernie's Q/K rows rotate in pairs, ours in halves;
     gpt-oss's experts are [E, in, out] with gate and up in alternate columns, ours [E, out, in]
-    with gate rows then up rows."""
+    with gate rows then up rows; LFM2's convolution is a Conv1d's [hidden, 1, kernel]."""
+    if name.endswith(".conv.weight") and w.dim() == 3:
+        return w.squeeze(1)
+    if c.latent is not None and c.latent.interleaved and name.endswith(("q_proj.weight", "q_b_proj.weight",
+                                                                         "kv_a_proj.weight")):
+        return _latent_halves(name, w, c)
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.down")):
         w = w.transpose(-1, -2).contiguous()
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.gate_up_bias")):
@@ -145,6 +162,17 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
     if arch.interleaved_rope and name.endswith(("k_proj.weight", "k_proj.bias")):
         return unpermute(w, c.num_kv_heads)
     return w
+
+
+def _latent_halves(name: str, w: torch.Tensor, c: ModelConfig) -> torch.Tensor:
+    """DeepSeek's rotary parts (each query head's last rope_dim rows, and the shared key's last
+    rows of kv_a_proj) rotate in pairs; ours in halves, as Ernie's (unpermute)."""
+    m = c.latent
+    if name.endswith("kv_a_proj.weight"):
+        return torch.cat([w[:m.kv_lora_rank], unpermute(w[m.kv_lora_rank:], 1)])
+    heads = w.view(c.num_heads, m.nope_dim + m.rope_dim, -1)
+    rot = unpermute(heads[:, m.nope_dim:].reshape(c.num_heads * m.rope_dim, -1), c.num_heads)
+    return torch.cat([heads[:, :m.nope_dim], rot.view(c.num_heads, m.rope_dim, -1)], dim=1).reshape(w.shape)
 
 
 def _token_text(value) -> str | None:

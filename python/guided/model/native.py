@@ -1,8 +1,8 @@
 """The CPU step in native code: the loaded model handed to rust/decoder.rs.
 
 On a CPU, a step's every layer (norms, q/k/v, q/k norms, rotation, the KV
-write, paged attention, the output projection, residuals, the MLP or its
-experts) runs in one native call with the GIL released, over the packed
+write, paged attention or LFM2's short convolution, the output projection,
+residuals, the MLP or its experts) runs in one native call with the GIL released, over the packed
 quantized kernels (rust/packed.rs) or float32 weights. The decoder reads the
 model as decoder.py holds it, and what differs between architectures as data
 from the architecture's row (norm placement, q/k norms, activation,
@@ -62,6 +62,8 @@ def native_decoder(model: nn.Module, device: torch.device, caches) -> NativeStep
         raise NotNative(f"the native step runs on the CPU, not {device}")
     if getattr(model, "tensor_group", None) is not None:
         raise NotNative("a tensor-parallel rank runs decoder.py")
+    if model.config.latent is not None:
+        raise NotNative("multi-head latent attention (DeepSeek V3, Kimi K2, GLM-4.7-Flash) has no native step yet")
     if _native.quant_kernels() is None:
         raise NotNative("this CPU has no build of the native kernels (x86-64 with AVX2 needed)")
     packed = [name for name, m in model.named_modules() if isinstance(m, PackedLinear)]
@@ -103,9 +105,14 @@ def _embedding(model: CausalLM):
 def _layer(layer: DecoderLayer, kinds: list[str]) -> dict:
     out = {name: _array(getattr(layer, name).weight) if hasattr(layer, name) else None
            for name in ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm")}
+    out["mlp"] = {"moe": _moe(layer.moe)} if layer.moe is not None else \
+        {"gate_up": _linear(layer.gate_up_proj), "down": _linear(layer.down_proj)}
+    if layer.conv is not None:   # LFM2's gated short convolution instead of attention
+        out["conv"] = {"in_proj": _linear(layer.conv_in_proj), "out_proj": _linear(layer.conv_out_proj),
+                       "weight": _array(layer.conv.weight).reshape(-1),   # [hidden, kernel], row-major
+                       "bias": None if layer.conv.bias is None else _array(layer.conv.bias)}
+        return out
     out.update(qkv=_linear(layer.qkv_proj), o=_linear(layer.o_proj),
-               mlp={"moe": _moe(layer.moe)} if layer.moe is not None else
-               {"gate_up": _linear(layer.gate_up_proj), "down": _linear(layer.down_proj)},
                scale=float(layer.scores.scale), window=layer.scores.window,
                softcap=None if layer.scores.softcap is None else float(layer.scores.softcap),
                sinks=None if layer.sinks is None else _array(layer.sinks),

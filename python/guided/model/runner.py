@@ -19,7 +19,7 @@ import torch
 
 from . import cuda_ops
 from .attention import AttentionMetadata
-from .decoder import allocate_kv_cache
+from .decoder import allocate_kv_cache, cache_values_per_token
 from .device_sampler import DeviceSampler
 from .loader import LoadedModel
 from .native import CPU_STEPS, NativeStep, NotNative, native_decoder
@@ -123,7 +123,7 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         mc = self.loaded.config
         element = torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
-        return 2 * mc.num_layers * self.model.num_kv_heads * mc.head_dim * element
+        return cache_values_per_token(mc, self.model.num_kv_heads) * element
 
     def _kv_budget_bytes(self) -> int:
         """What the KV pool may take on this device, by default."""

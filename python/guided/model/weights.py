@@ -16,7 +16,9 @@ _EXPERT_BLOCKS = ("gate_exps", "up_exps", "down_exps")
 #: is the MLP's input norm in Llama and the attention's output norm in Gemma)
 LAYER_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                            "gate_up_proj", "down_proj", "q_norm", "k_norm", "attn_norm", "mlp_norm",
-                           "attn_post_norm", "mlp_post_norm"})
+                           "attn_post_norm", "mlp_post_norm", "conv_in_proj", "conv_out_proj", "conv"})
+#: latent attention's (DeepSeek V3) projections and norms, held by the layer's `mla` module
+MLA_MODULES = frozenset({"q_proj", "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj"})
 #: per-layer parameters held by the layer itself, named `layers.N.<name>` (gpt-oss's attention sinks)
 LAYER_PARAMETERS = frozenset({"sinks"})
 
@@ -53,6 +55,9 @@ class WeightSink:
             return
         if parts[2] == "moe":
             self._add_moe(prefix, parts[3:], tensor)
+            return
+        if self.config.latent is not None and module in MLA_MODULES:
+            self.state[f"{prefix}.mla.{module}.{kind}"] = tensor
             return
         if module not in LAYER_MODULES:
             raise ValueError(f"{name}: a weight this architecture's layers do not have")
@@ -130,10 +135,11 @@ class WeightSink:
             raise ValueError(f"incomplete weights: {sorted(self._pending)}")
         # the biases a checkpoint holds say which layers have them (a GGUF's metadata does not)
         c = self.config
-        c.attention_bias = c.attention_bias or "layers.0.qkv_proj.bias" in self.state
-        c.output_bias = c.output_bias or "layers.0.o_proj.bias" in self.state
+        first = next((i for i in range(c.num_layers) if not c.is_conv(i)), 0)   # an attention layer
+        c.attention_bias = c.attention_bias or f"layers.{first}.qkv_proj.bias" in self.state
+        c.output_bias = c.output_bias or f"layers.{first}.o_proj.bias" in self.state
         c.mlp_bias = c.mlp_bias or "layers.0.gate_up_proj.bias" in self.state
-        c.qk_norm = c.qk_norm or ("head" if "layers.0.q_norm.weight" in self.state else None)
+        c.qk_norm = c.qk_norm or ("head" if f"layers.{first}.q_norm.weight" in self.state else None)
         if "lm_head.weight" not in self.state:
             self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True

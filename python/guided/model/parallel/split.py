@@ -38,6 +38,12 @@ def check_split(config: ModelConfig, size: int, dtype=None) -> None:
     if size > 1 and config.moe is not None and config.moe.expert_bias:
         raise ValueError(f"{config.architecture}'s experts have biases, which tensor parallelism "
                          f"does not split yet")
+    if size > 1 and config.latent is not None:
+        raise ValueError(f"{config.architecture}'s latent attention is not split over ranks by tensor "
+                         f"parallelism yet; run it with tensor_parallel_size=1")
+    if size > 1 and "conv" in config.layer_types:
+        raise ValueError(f"{config.architecture}'s short-convolution layers are not split over ranks by "
+                         f"tensor parallelism yet; run it with tensor_parallel_size=1")
     if size > 1 and (config.output_bias or config.mlp_bias):
         raise ValueError(f"{config.architecture} has biases on o_proj or down_proj, which tensor "
                          f"parallelism does not split yet")
