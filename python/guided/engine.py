@@ -21,10 +21,13 @@ from . import _native
 from .model import LoadedModel, ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
+from .step_cost import StepCost
 from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, plain_encoder,
                         token_bytes)
 
 log = logging.getLogger("guided.engine")
+NO_DRAFTS_WITH_STATE = ("speculative=True: this model's Mamba layers keep a state per sequence that a refused "
+                        "draft would change; speculative decoding is not supported for it")
 
 
 class RequestGrammar(Protocol):
@@ -103,37 +106,6 @@ class StepUpdate:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
-class _StepCost:
-    """What a step costs, fixed and per token fed, for sizing speculative
-    drafts (Scheduler.set_step_cost): the per-token cost is the slope of
-    the forward pass's seconds over the tokens fed (least squares, older
-    steps weighing less), the fixed cost what the whole step took beyond
-    that (a moving average). Steps of up to ``MAX_TOKENS`` only: decodes
-    and drafts, not long prefills."""
-
-    MAX_TOKENS = 64
-
-    def __init__(self, decay: float = 0.98):
-        self.decay = decay
-        self.sums = [0.0] * 5   # weight, x, y, xx, xy
-        self.fixed: float | None = None
-
-    def add(self, tokens: int, forward: float, step: float) -> tuple[float, float] | None:
-        """Record a step's seconds; the fit (fixed, per token) once it has one."""
-        if tokens > self.MAX_TOKENS:
-            return None
-        point = (1.0, tokens, forward, tokens * tokens, tokens * forward)
-        self.sums = [s * self.decay + v for s, v in zip(self.sums, point)]
-        n, x, y, xx, xy = self.sums
-        spread = xx * n - x * x
-        if n < 4 or spread <= 1e-6 * n * n:
-            return None
-        per_token = max(0.0, (xy * n - x * y) / spread)
-        rest = max(0.0, step - per_token * tokens)
-        self.fixed = rest if self.fixed is None else self.fixed + 0.1 * (rest - self.fixed)
-        return self.fixed, per_token
-
-
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig,
                  special: SpecialTokens | None = None):
@@ -145,14 +117,22 @@ class Engine:
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len, config.cpu_step)
+        #: a state per sequence (Mamba layers): no prefix-cache hit can restore it, no refused draft undo it
+        self.recurrent = self.runner.states is not None
+        if self.recurrent and config.speculative:
+            raise ValueError(NO_DRAFTS_WITH_STATE)
+        if self.recurrent and config.enable_prefix_caching:
+            log.info("prefix caching is off: this model's Mamba layers keep a state per sequence "
+                     "the cache does not hold")
         self.scheduler = _native.Scheduler(
             num_blocks=self.runner.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
             max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
-            enable_prefix_caching=config.enable_prefix_caching, speculative=config.speculative,
+            enable_prefix_caching=config.enable_prefix_caching and not self.recurrent,
+            speculative=config.speculative,
             num_speculative_tokens=config.num_speculative_tokens, drafter=config.drafter)
-        self.step_cost = _StepCost()
+        self.step_cost = StepCost()
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._compiler: _native.GrammarCompiler | None = None
@@ -208,6 +188,8 @@ class Engine:
             raise ValueError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})")
+        if self.recurrent and params.speculative:
+            raise ValueError(NO_DRAFTS_WITH_STATE)
         vocab = self.loaded.config.vocab_size
         if params.logit_bias and any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
@@ -245,6 +227,7 @@ class Engine:
     def abort(self, rid: int) -> None:
         self.scheduler.abort(rid)
         self.requests.pop(rid, None)
+        self.runner.release(rid)
         self._pending = [u for u in self._pending if u.request_id != rid]
 
     def has_unfinished(self) -> bool:
@@ -386,6 +369,7 @@ class Engine:
     def _finish(self, req: _Request, reason: str, num_cached: int,
                 error: str | None = None) -> RequestOutput:
         self.requests.pop(req.id, None)
+        self.runner.release(req.id)
         key = "requests_failed" if reason == "error" else "requests_finished"
         self.counters[key] += 1
         self.counters["closed_outputs"] += req.closed

@@ -1,6 +1,7 @@
-"""A chat family's own architecture as one GGUF: a tiny random transformers
-model of the architecture the family's template was written for (gpt-oss for
-harmony, LFM2 for Liquid's tool calls), at the sizes of its tiny_models row
+"""A chat family's own architecture as one GGUF (or an HF directory): a tiny
+random transformers model of the architecture the family's template was
+written for (gpt-oss for harmony, LFM2 for Liquid's tool calls, Granite 4.0-H
+for Granite's), at the sizes of its tiny_models row
 but over the default model's byte-level vocabulary (the tiny WordLevel one
 cannot write JSON), with the family's markers, end token and template
 (families.py), written by gguf_writer as llama.cpp's converter would.
@@ -22,13 +23,19 @@ from .tiny_models import ARCHITECTURES, randomise
 #: positions enough for a four-turn agent loop (the tiny rows have 512)
 CONTEXT = 2048
 #: family → its architecture's tiny_models row
-ARCHITECTURE = {"gpt-oss": "gpt_oss", "lfm2": "lfm2"}
+ARCHITECTURE = {"gpt-oss": "gpt_oss", "lfm2": "lfm2", "granite": "granitemoehybrid_mamba"}
 
 
 def family_gguf(family_name: str, default_gguf: str, root: Path, qtype: str = "Q8_0") -> str:
     """Write ``root``/<family>.gguf (and the HF directories it is made from).
     Q8_0 by default: a GGUF kept in its blocks runs the engine's native CPU
     step, as a published one does."""
+    return write_gguf(family_directory(family_name, default_gguf, root), root / f"{family_name}.gguf", qtype)
+
+
+def family_directory(family_name: str, default_gguf: str, root: Path) -> Path:
+    """The model as an HF directory under ``root`` (its architecture's config and weights, the
+    family's tokenizer files and template)."""
     from guided.model.config import ModelConfig
     from guided.model.gguf_file import GGUFFile
     family = BY_NAME[family_name]
@@ -46,4 +53,4 @@ def family_gguf(family_name: str, default_gguf: str, root: Path, qtype: str = "Q
     # the family's tokenizer files, then the architecture's config over the Llama one build writes
     directory = Path(build(family, default_gguf, root, weights / "model.safetensors"))
     shutil.copyfile(weights / "config.json", directory / "config.json")
-    return write_gguf(directory, root / f"{family_name}.gguf", qtype)
+    return directory

@@ -14,6 +14,7 @@ One `Arch` row per HF model_type says what differs from the plain TextModel path
   double-height ffn_up, as llama.cpp's phi3 graph reads them);
 - `skip_lm_head`: Gemma 2 never writes output.weight; HunYuan skips it when tied;
 - `modify`: the converter class's own modify_tensors (LFM2: its Conv1d weight squeezed to 2-D;
+  Granite 4.0-H: Mamba2Model's A = −exp(A_log), [heads, 1] A and D, the grouped norm;
   gpt-oss: transformers' [E, in, out]
   experts transposed and their interleaved gate/up columns split, biases likewise, sinks
   named `.weight`).
@@ -24,7 +25,7 @@ exp_probs_b.bias, Granite's shared_mlp.input_linear is split into gate and up, l
 gets its rope_freqs tensor and LongRoPE its rope_factors_{long,short}.
 
 Tensor types as the converter's prepare_tensors: 1-D tensors, norms, biases, the MoE
-router (ffn_gate_inp) and LFM2's convolution (shortconv.conv) stay F32; the rest take
+router (ffn_gate_inp) and the convolutions (shortconv.conv, ssm_conv1d) stay F32; the rest take
 `qtype`, and a row length Q8_0 cannot block (not a multiple of 32) falls back to F16 as
 the converter does. "MXFP4_MOE" writes the
 experts' matrices in MXFP4, as the converter repacks gpt-oss's Hub blocks (here quantized from
@@ -222,6 +223,24 @@ def _lfm2(w, h):
 def _lfm2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
     """The Conv1d's [hidden, 1, kernel] as the 2-D tensor ggml's convolution takes."""
     yield name, t.squeeze(1) if "conv.conv" in name else t
+
+
+def _mamba2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """Mamba2Model.modify_tensors (GraniteHybridModel's Mamba layers): the Conv1d squeezed to 2-D,
+    A_log written as A = −exp(A_log) and D, both as [heads, 1], the gated norm as [groups, inner /
+    groups], dt_bias under the dt_proj.bias name llama.cpp maps."""
+    if ".mamba." in name:
+        if name.endswith(".dt_bias"):
+            name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+        elif name.endswith("conv1d.weight"):
+            t = t.squeeze(1)
+        elif name.endswith(".A_log"):
+            t = -torch.exp(t).reshape(-1, 1)
+        elif name.endswith(".D"):
+            t = t.reshape(-1, 1)
+        elif name.endswith("mamba.norm.weight"):
+            t = t.reshape(h.c["mamba_n_groups"], -1)
+    yield name, t
 
 
 def _qwen_moe(w, h):
@@ -439,7 +458,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "qwen3": Arch("qwen3"),
     "phi3": Arch("phi3", _phi3, extra=_longrope_factors),
     "granite": Arch("granite", _granite, permute_qk=True),
-    "granitemoehybrid": Arch(_granite_arch, _granite_hybrid, permute_qk=True),
+    "granitemoehybrid": Arch(_granite_arch, _granite_hybrid, permute_qk=True, modify=_mamba2_tensors),
     "smollm3": Arch("smollm3", _llama, permute_qk=True),
     "olmo2": Arch("olmo2", _olmo2),
     "exaone4": Arch("exaone4", _exaone4),
@@ -562,8 +581,8 @@ def _to_file_type(new_name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationT
     MoE experts' matrices (*_exps.weight) where it differs (gpt-oss's MXFP4)."""
     if experts is not None and new_name.endswith("_exps.weight"):
         return gguf.quants.quantize(data, experts), experts
-    # the MoE router, and LFM2's convolution (ggml's takes F32)
-    kept = ".ffn_gate_inp." in new_name or ".shortconv.conv." in new_name
+    # the MoE router, and LFM2's and Mamba's convolutions (ggml's takes F32)
+    kept = ".ffn_gate_inp." in new_name or ".shortconv.conv." in new_name or ".ssm_conv1d." in new_name
     if data.ndim <= 1 or new_name.endswith("_norm.weight") or not new_name.endswith(".weight") or kept:
         qtype = gguf.GGMLQuantizationType.F32
     try:

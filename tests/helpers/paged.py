@@ -3,9 +3,13 @@ the engine runs it (fixed-size blocks, a block table per sequence), and
 transformers' greedy tokens to compare with."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import torch
 
 from guided.model import AttentionMetadata, allocate_kv_cache
+from guided.model.mamba import StatePool
 
 
 class PagedRunner:
@@ -17,6 +21,9 @@ class PagedRunner:
         self.free = list(range(1, num_blocks))  # block 0 is the padding target, never handed out
         self.tables: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
+        #: the Mamba layers' states, where the model has them (a slot per sequence, as the engine's runner)
+        self.states = StatePool(config.mamba, sum(map(config.is_mamba, range(config.num_layers))), 8, "cpu") \
+            if config.mamba is not None else None
 
     def _reserve(self, seq: int, upto: int) -> None:
         table = self.tables.setdefault(seq, [])
@@ -47,7 +54,10 @@ class PagedRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             max_query_len=max(qlens), max_context_len=max(ctx), block_size=self.block_size,
             is_decode_only=all(q == 1 for q in qlens))
-        return self.model(torch.tensor(ids), torch.tensor(pos), self.caches, attn)
+        plan = SimpleNamespace(query_start_loc=np.array(starts), positions=np.array(pos),
+                               seq_ids=np.array(list(chunks)))
+        states = self.states.step(plan) if self.states is not None else None
+        return self.model(torch.tensor(ids), torch.tensor(pos), self.caches, attn, states)
 
     def greedy(self, prompt: list[int], n: int, chunk: int | None = None) -> list[int]:
         seq = len(self.tables) + 1000

@@ -133,6 +133,14 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         layer_types=["attention"] * 2, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128,
         position_embedding_type="rope", mamba_n_heads=8, embedding_multiplier=2.0, attention_multiplier=0.1,
         residual_multiplier=0.5, logits_scaling=2.0)),
+    # Granite 4.0-H: Mamba-2 layers (8 heads of 16 in 2 groups, a 16-wide state, 4 taps) around one
+    # attention layer, no rotation anywhere (its "nope"), a dense shared MLP
+    "granitemoehybrid_mamba": lambda: transformers.GraniteMoeHybridConfig(**_tiny(head_dim=None,
+        tie_word_embeddings=True, layer_types=["linear_attention", "linear_attention", "full_attention",
+                                               "linear_attention"], num_hidden_layers=4,
+        num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128, position_embedding_type="nope",
+        mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
     # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
     "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
         tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),

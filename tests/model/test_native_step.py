@@ -39,7 +39,8 @@ pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
 #: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF)
 NO_GGUF = {"mistral_swa", "deepseek_v3", "glm4_moe_lite"}
 #: what the native step refuses by name (the torch step runs them)
-NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention"}
+NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention",
+              "granitemoehybrid_mamba": "Mamba-2 layers"}
 GREEDY = SamplingParams(temperature=0, max_tokens=16, logprobs=5, ignore_eos=True)
 
 
@@ -154,11 +155,15 @@ def test_generated_batches_and_chunks_change_no_answer(arch, lengths, chunk, rep
 @pytest.mark.parametrize("arch", list(NOT_NATIVE))
 def test_what_the_native_step_cannot_run_is_refused_by_name_and_runs_in_torch(arch, checkpoints):
     from guided.model.native import NotNative
-    directory, _, prompts = checkpoints(arch)
+    directory, q8, prompts = checkpoints(arch)
     with pytest.raises(NotNative, match=NOT_NATIVE[arch]):
         LLM(directory, dtype="float32", cpu_step="native")
     llm = LLM(directory, dtype="float32", cpu_step="auto")
     assert llm.engine.runner.native is None and llm.generate(prompts, GREEDY, use_tqdm=False)
+    if q8 is not None:   # a GGUF in its blocks: the torch step over the blocks, as its float32 load
+        blocks = LLM(q8, cpu_step="auto", enable_prefix_caching=False)
+        assert blocks.engine.runner.native is None and "Q8_0" in blocks.loaded.weight_formats
+        _compare(_outputs(q8, "torch", prompts, dtype="float32"), _outputs(q8, "torch", prompts), 0.15, 0.3)
 
 
 def test_where_the_native_step_cannot_run_it_says_why(checkpoints):

@@ -44,9 +44,13 @@ A layer of ``layer_types`` "conv" (LFM2) mixes tokens with a gated short
 convolution instead of attention (model/short_conv.py): its cache holds each
 token's convolution input in the paged blocks, so it needs no state of its own.
 
-Out of scope, and what each would need: recurrent layers with a state a token
-cannot hold (Mamba2 in Granite 4.0-H and Nemotron-H, Qwen3.5's Gated
-DeltaNet) need a per-sequence state pool beside the paged KV cache.
+A "mamba" layer (Granite 4.0-H) is a Mamba-2 mixer (model/mamba.py): its
+convolution's inputs are cached per token like LFM2's, and its state lives in
+a pool of one slot per running sequence (model/mamba.py's StatePool).
+
+Out of scope: Nemotron-H's and Falcon-H1's Mamba-2 blocks (layers without an
+MLP, parallel mixers), Qwen3.5's Gated DeltaNet ("linear" layers of other
+architectures are refused).
 
 A row with a ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends
 with multi-head latent attention (model/latent_attention.py): its cache holds
@@ -58,42 +62,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """A mixture-of-experts MLP: per token, a router picks `top_k` of
-    `num_experts` gated MLPs (each `intermediate_size` wide) and sums their
-    outputs by its weights, plus a shared expert where there is one."""
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    #: "softmax" (Qwen3-MoE: a softmax over all experts, then the top k), "sigmoid" with a
-    #: selection bias (GLM-4.5), or "softmax_topk" (gpt-oss: the top k logits, then a softmax over them)
-    scoring: str = "softmax"
-    norm_topk_prob: bool = True
-    routed_scaling: float = 1.0
-    num_groups: int = 1          # experts are chosen from the best `topk_groups` of these groups
-    topk_groups: int = 1
-    shared_intermediate_size: int = 0
-    #: per layer, whether it is a dense MLP instead (GLM's first layers, Qwen3-MoE's mlp_only_layers)
-    dense_layers: tuple[bool, ...] = ()
-    router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
-    expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
-
-
-@dataclass(frozen=True)
-class LatentConfig:
-    """Multi-head latent attention (latent_attention.py): queries through a rank-`q_lora_rank`
-    bottleneck (0: one projection), keys and values from a cached latent of `kv_lora_rank` values
-    and a `rope_dim` rotary key shared by the heads; per head, `nope_dim` + `rope_dim` query and key
-    values and `v_dim` value ones."""
-    q_lora_rank: int
-    kv_lora_rank: int
-    nope_dim: int
-    rope_dim: int
-    v_dim: int
-    #: the checkpoint rotates pairs (transformers' rope_interleave); the loader permutes to halves
-    interleaved: bool = True
+from .layer_kinds import LatentConfig, MambaConfig, MoEConfig
 
 
 def _none(*_) -> dict[str, Any]:
@@ -132,11 +101,32 @@ def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
         raise ValueError("Granite's mixture-of-experts layers are not supported yet")
     # GraniteMoeHybrid's position_embedding_type "nope": no layer rotates
     nope = cfg.get("position_embedding_type") == "nope"
-    return {"embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
-            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
-            "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
-            "logit_multiplier": 1.0 / float(cfg.get("logits_scaling", 1.0)),
-            "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None}
+    out = {"embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
+           "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
+           "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
+           "logit_multiplier": 1.0 / float(cfg.get("logits_scaling", 1.0)),
+           "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None}
+    return {**out, **_granite_mamba(cfg, base, out["rope_layers"] or base.get("rope_layers"))}
+
+
+def _granite_mamba(cfg: dict, base: dict, rope_layers) -> dict[str, Any]:
+    """Granite 4.0-H's Mamba-2 layers (config.json's "mamba", transformers 5's "linear_attention")."""
+    types = base.get("layer_types") or ()
+    if "linear" not in types:
+        return {}
+    inner = int(cfg.get("mamba_expand", 2)) * cfg["hidden_size"]
+    heads = int(cfg["mamba_n_heads"])
+    head_dim = cfg.get("mamba_d_head")
+    # transformers writes an infinite limit as {"__float__": "Infinity"}
+    limit = [float(v["__float__"] if isinstance(v, dict) else v) for v in cfg.get("time_step_limit") or (0, "inf")]
+    mamba = MambaConfig(heads, inner // heads if head_dim in (None, "auto") else int(head_dim),
+                        int(cfg["mamba_d_state"]), int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_conv", 4)),
+                        bool(cfg.get("mamba_conv_bias", True)), bool(cfg.get("mamba_proj_bias", False)),
+                        *limit)
+    types = tuple("mamba" if t == "linear" else t for t in types)
+    rope = rope_layers or ("global",) * len(types)
+    return {"mamba": mamba, "layer_types": types,
+            "rope_layers": tuple(None if t == "mamba" else r for t, r in zip(types, rope))}
 
 
 def _granite_gguf(get, base: dict) -> dict[str, Any]:
@@ -144,6 +134,22 @@ def _granite_gguf(get, base: dict) -> dict[str, Any]:
             "attention_scale": float(get("attention.scale", 1.0)),
             "residual_multiplier": float(get("residual_scale", 1.0)),
             "logit_multiplier": 1.0 / float(get("logit_scale", 1.0))}
+
+
+def _granite_hybrid_gguf(get, base: dict) -> dict[str, Any]:
+    # llama.cpp: a KV head count per layer, 0 for the Mamba-2 layers; rope.scaling.finetuned false:
+    # no layer rotates (4.0-H's NoPE); the biases are the loader's to find
+    out = _granite_gguf(get, base)
+    kv = get("attention.head_count_kv")
+    if not isinstance(kv, (list, tuple)) or 0 not in kv:
+        return out
+    heads, inner = int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
+    types = tuple("mamba" if k == 0 else "full" for k in kv)
+    rotates = get("rope.scaling.finetuned", True)
+    return {**out, "layer_types": types, "num_kv_heads": int(max(kv)),
+            "rope_layers": tuple("global" if t == "full" and rotates else None for t in types),
+            "mamba": MambaConfig(heads, inner // heads, int(get("ssm.state_size")), int(get("ssm.group_count", 1)),
+                                 int(get("ssm.conv_kernel")))}
 
 
 def _smollm3_hf(cfg: dict, base: dict) -> dict[str, Any]:
@@ -200,7 +206,7 @@ def _gemma_hf(cfg: dict, base: dict) -> dict[str, Any]:
 
 def _cohere2_hf(cfg: dict, base: dict) -> dict[str, Any]:
     # the full-attention layers do not rotate
-    types = base["layer_types"] or ()
+    types = base.get("layer_types") or ()
     return {"rms_norm_eps": float(cfg.get("layer_norm_eps", 1e-5)), "logit_multiplier": float(cfg["logit_scale"]),
             "rope_layers": tuple("global" if t == "sliding" else None for t in types) or None}
 
@@ -368,8 +374,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), sliding_everywhere=True),
     Architecture("granite", ("GraniteForCausalLM",), ("granite",), gguf_permuted_qk=True,
                  read_hf=_granite_hf, read_gguf=_granite_gguf),
-    Architecture("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitehybrid",),
-                 read_hf=_granite_hf, read_gguf=_granite_gguf),
+    Architecture("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitehybrid",), gguf_permuted_qk=True,
+                 read_hf=_granite_hf, read_gguf=_granite_hybrid_gguf),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), gguf_permuted_qk=True,
                  read_hf=_smollm3_hf, read_gguf=_smollm3_gguf),
     Architecture("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), norms="post", qk_norm="full"),

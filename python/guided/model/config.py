@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .architectures import Architecture, LatentConfig, MoEConfig, architecture, for_gguf, for_hf
+from .architectures import Architecture, architecture, for_gguf, for_hf
+from .layer_kinds import LatentConfig, MambaConfig, MoEConfig
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ModelConfig:
     swiglu_limit: float = 7.0
     #: multi-head latent attention in every layer (DeepSeek V3); head_dim is then its cache entry's width
     latent: LatentConfig | None = None
+    #: the Mamba-2 mixer of the "mamba" layers (Granite 4.0-H)
+    mamba: MambaConfig | None = None
     conv_kernel: int = 0                   # a "conv" layer's kernel size (LFM2's conv_L_cache)
     conv_bias: bool = False
 
@@ -62,6 +65,11 @@ class ModelConfig:
                              f"all {self.num_layers} layers")
         if "sliding" in self.layer_types and not self.sliding_window:
             raise ValueError(f"{self.architecture}: sliding layers without a sliding_window")
+        if "linear" in self.layer_types:
+            raise ValueError(f"{self.architecture}: linear-attention / recurrent layers are not supported "
+                             f"for this architecture (guided runs Granite 4.0-H's Mamba-2 layers and LFM2's)")
+        if "mamba" in self.layer_types and self.mamba is None:
+            raise ValueError(f"{self.architecture}: Mamba layers without their mixer's numbers")
         if "conv" in self.layer_types and self.conv_kernel < 1:
             raise ValueError(f"{self.architecture}: convolution layers without a kernel size")
 
@@ -74,6 +82,9 @@ class ModelConfig:
 
     def is_conv(self, layer: int) -> bool:
         return self.layer_types[layer] == "conv"
+
+    def is_mamba(self, layer: int) -> bool:
+        return self.layer_types[layer] == "mamba"
 
     def window(self, layer: int) -> int | None:
         """How many positions layer `layer` attends to (None: all)."""
@@ -140,7 +151,8 @@ class ModelConfig:
         window = get("attention.sliding_window")
         kv_heads = get("attention.head_count_kv") or heads
         if isinstance(kv_heads, (list, tuple)):   # per layer (Granite 4, LFM2): all attention layers alike
-            if len(set(kv_heads)) != 1 and not get("shortconv.l_cache"):   # LFM2's reader names its 0s
+            # LFM2's and Granite 4.0-H's readers name their 0s (convolution and Mamba layers)
+            if len(set(kv_heads)) != 1 and not get("shortconv.l_cache") and not get("ssm.conv_kernel"):
                 raise ValueError(f"{name}: layers with different KV head counts {sorted(set(kv_heads))} "
                                  f"(recurrent layers) are not supported")
             kv_heads = max(kv_heads)
@@ -173,7 +185,10 @@ class ModelConfig:
 
 
 #: config.json's layer kinds (GraniteMoeHybrid says "attention"; "mamba" and others are refused)
-_LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "conv": "conv"}
+_LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "conv": "conv",
+                # recurrent: Granite 4's "mamba" (transformers 5 says "linear_attention"), which the
+                # architecture's reader takes as Mamba-2 layers where it has them
+                "mamba": "linear", "linear_attention": "linear"}
 
 
 def _partial_rotary(cfg: dict) -> float:

@@ -1,5 +1,6 @@
 """The decoder every architecture runs: attention (or LFM2's short convolution,
-short_conv.py, or DeepSeek's latent attention, latent_attention.py) and a gated MLP per layer, with what differs between
+short_conv.py, DeepSeek's latent attention, latent_attention.py, or Granite
+4.0-H's Mamba-2, mamba.py) and a gated MLP per layer, with what differs between
 architectures read from its row in architectures.py (where the norms sit,
 q/k norms, windows, multipliers).
 
@@ -19,6 +20,7 @@ from torch import nn
 from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
 from .latent_attention import LatentAttention
+from .mamba import Mamba2, StateStep
 from .moe import MoE
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
 from .short_conv import ShortConv, previous_slots
@@ -84,7 +86,14 @@ class DecoderLayer(nn.Module):
         #: DeepSeek V3's multi-head latent attention instead of q|k|v
         self.mla = LatentAttention(c.latent, c.hidden_size, c.num_heads, c.rms_norm_eps, c.attention_scale,
                                    RMSNorm) if c.latent else None
-        if self.conv is not None:
+        #: Granite 4.0-H's Mamba-2 layers (its state in the runner's StatePool, row `mamba.index`)
+        self.mamba = Mamba2(c.mamba, sum(map(c.is_mamba, range(index))), c.rms_norm_eps) \
+            if c.is_mamba(index) else None
+        if self.mamba is not None:
+            m = c.mamba
+            self.mamba_in_proj = _linear(c.hidden_size, m.inner + m.conv_dim + m.heads, m.proj_bias)
+            self.mamba_out_proj = _linear(m.inner, c.hidden_size, m.proj_bias)
+        elif self.conv is not None:
             self.conv_in_proj = _linear(c.hidden_size, 3 * c.hidden_size, c.conv_bias)
             self.conv_out_proj = _linear(c.hidden_size, c.hidden_size, c.conv_bias)
         elif self.mla is not None:
@@ -96,7 +105,7 @@ class DecoderLayer(nn.Module):
         self.sinks = nn.Parameter(torch.empty(c.num_heads, device="meta"), requires_grad=False) \
             if arch.sinks else None
         self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
-        if c.qk_norm and self.conv is None and self.mla is None:
+        if c.qk_norm and self.conv is None and self.mla is None and self.mamba is None:
             head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
@@ -118,9 +127,12 @@ class DecoderLayer(nn.Module):
         self.reduce = _whole
 
     def forward(self, x, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: KVCache,
-                plan: AttentionPlan, conv_slots: torch.Tensor | None = None):
+                plan: AttentionPlan, conv_slots: torch.Tensor | None = None, states: StateStep | None = None):
         normed = self.attn_norm(x) if self.norm_in else x
-        if self.conv is not None:
+        if self.mamba is not None:
+            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
+            h = self.mamba_out_proj(mixed)
+        elif self.conv is not None:
             mixed = self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots)
             h = self.conv_out_proj(mixed)
         elif self.mla is not None:
@@ -191,20 +203,21 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[KVCache], attn: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[KVCache], attn: AttentionMetadata, states: StateStep | None = None) -> torch.Tensor:
+        """`states`: the step's sequences' recurrent states, where the model has Mamba layers."""
         rotary = {}
         for kind, table in self.rotary.items():
             table.ensure(attn.max_context_len)
             rotary[kind] = table.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device, head_dim=self.config.head_dim)
-        kernel = self.config.conv_kernel
-        conv_slots = previous_slots(attn, positions, kernel - 1) if kernel else None
+        back = max(self.config.conv_kernel, self.config.mamba.conv_kernel if self.config.mamba else 0) - 1
+        conv_slots = previous_slots(attn, positions, back) if back > 0 else None
         x = self._embed(input_ids)
         if self.config.embedding_multiplier != 1.0:
             # Gemma rounds its √hidden to the activations' dtype first
             x = x * torch.tensor(self.config.embedding_multiplier, dtype=x.dtype)
         for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, rotary, cache, plan, conv_slots)
+            x = layer(x, rotary, cache, plan, conv_slots, states)
         return self.norm(x)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -244,6 +257,8 @@ def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> 
     latent-attention layer's entry (latent and rotary key) in K, V empty."""
     if config.is_conv(layer):
         return (1, config.hidden_size), (1, 0)
+    if config.is_mamba(layer):
+        return (1, config.mamba.conv_dim), (1, 0)
     if config.latent is not None:
         return (1, config.head_dim), (1, 0)
     kv = (num_kv_heads or config.num_kv_heads, config.head_dim)

@@ -24,6 +24,12 @@ _BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "sel
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 # LFM2's short convolution: blk.N.shortconv.<part>.weight
 _SHORTCONV = {"in_proj": "conv_in_proj", "out_proj": "conv_out_proj", "conv": "conv"}
+# Granite 4.0-H's Mamba-2 layers, by llama.cpp's name and suffix (ssm_a and ssm_d have none)
+_SSM = {"ssm_in.weight": "mamba_in_proj.weight", "ssm_out.weight": "mamba_out_proj.weight",
+        "ssm_in.bias": "mamba_in_proj.bias", "ssm_out.bias": "mamba_out_proj.bias",
+        "ssm_conv1d.weight": "mamba_conv.weight", "ssm_conv1d.bias": "mamba_conv.bias",
+        "ssm_norm.weight": "mamba_norm.weight", "ssm_dt.bias": "mamba.dt_bias", "ssm_a": "mamba.A_log",
+        "ssm_d": "mamba.D"}
 
 
 # a mixture-of-experts MLP's tensors, whole names by llama.cpp's name and suffix (weights.WeightSink._add_moe)
@@ -46,6 +52,8 @@ def our_name(gguf_name: str) -> str | None:
         return None
     if ".".join(parts[2:]) in _MOE:
         return f"layers.{parts[1]}.{_MOE['.'.join(parts[2:])]}"
+    if ".".join(parts[2:]) in _SSM:
+        return f"layers.{parts[1]}.{_SSM['.'.join(parts[2:])]}"
     if parts[2] == "shortconv" and parts[3] in _SHORTCONV:
         return f"layers.{parts[1]}.{_SHORTCONV[parts[3]]}.{parts[4]}"
     if parts[2] == "attn_sinks":
@@ -95,7 +103,7 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             sink.tied_head = _quant_weight(gguf, info)  # the lm_head when the embeddings are tied
             keep_blocks = False
         w = _quant_weight(gguf, info) if keep_blocks else \
-            torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
+            _as_ours(name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
         blocks = w.blocks if keep_blocks else w
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             blocks = unpermute(blocks, config.num_heads)
@@ -107,10 +115,24 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     return config, model, md
 
 
+def _as_ours(name: str, w: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's Mamba-2 tensors as the HF ones: A = −exp(A_log) [heads, 1] back to A_log, D
+    [heads, 1] and the norm [groups, inner / groups] flat."""
+    if name.endswith("mamba.A_log"):
+        return torch.log(-w).flatten()
+    if name.endswith(("mamba.D", "mamba_norm.weight")):
+        return w.flatten()
+    return w
+
+
 def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo], gguf: GGUFFile) -> None:
     """What a GGUF says with tensors rather than metadata: which layers are
     mixture-of-experts (Qwen3-MoE's mlp_only_layers, GLM's dense first layers),
-    and Phi-3's LongRoPE factors."""
+    Mamba-2's biases, and Phi-3's LongRoPE factors."""
+    if config.mamba is not None:
+        first = config.layer_types.index("mamba")
+        config.mamba = replace(config.mamba, conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
+                               proj_bias=f"blk.{first}.ssm_in.bias" in tensors)
     if config.moe is not None:
         dense = tuple(f"blk.{i}.ffn_gate_inp.weight" not in tensors for i in range(config.num_layers))
         config.moe = replace(config.moe, dense_layers=dense)

@@ -104,7 +104,10 @@ _MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # 
 _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           "self_attn.q_layernorm": "q_norm", "self_attn.k_layernorm": "k_norm", "self_attn.out_proj": "o_proj",
           "feed_forward.w1": "gate_proj", "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj",
-          "conv.in_proj": "conv_in_proj", "conv.out_proj": "conv_out_proj", "conv.conv": "conv"}
+          "conv.in_proj": "conv_in_proj", "conv.out_proj": "conv_out_proj", "conv.conv": "conv",
+          # Granite 4.0-H's Mamba-2 layers
+          "mamba.in_proj": "mamba_in_proj", "mamba.out_proj": "mamba_out_proj", "mamba.conv1d": "mamba_conv",
+          "mamba.norm": "mamba_norm"}
 #: top-level tensors under another name (LFM2's final norm)
 _TOP = {"embedding_norm.weight": "norm.weight"}
 
@@ -146,7 +149,7 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
     """Gemma's norms store w for (1 + w); Ernie's Q/K rows rotate in pairs, ours in halves;
     gpt-oss's experts are [E, in, out] with gate and up in alternate columns, ours [E, out, in]
     with gate rows then up rows; LFM2's convolution is a Conv1d's [hidden, 1, kernel]."""
-    if name.endswith(".conv.weight") and w.dim() == 3:
+    if name.endswith("conv.weight") and w.dim() == 3:   # LFM2's and Mamba's Conv1d [channels, 1, kernel]
         return w.squeeze(1)
     if c.latent is not None and c.latent.interleaved and name.endswith(("q_proj.weight", "q_b_proj.weight",
                                                                          "kv_a_proj.weight")):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .architectures import LatentConfig
+from .layer_kinds import LatentConfig
 from .attention import AttentionPlan, Scores, paged_attention
 from .rope import apply_rotary
 

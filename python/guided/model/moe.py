@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .architectures import MoEConfig
+from .layer_kinds import MoEConfig
 
 
 def _meta(*shape: int) -> nn.Parameter:

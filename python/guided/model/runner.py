@@ -22,6 +22,7 @@ from .attention import AttentionMetadata
 from .decoder import allocate_kv_cache, cache_values_per_token
 from .device_sampler import DeviceSampler
 from .loader import LoadedModel
+from .mamba import StatePool
 from .native import CPU_STEPS, NativeStep, NotNative, native_decoder
 
 log = logging.getLogger("guided.model")
@@ -42,6 +43,13 @@ class ModelRunner:
         self.model = loaded.model
         self.device = loaded.device
         self.block_size = block_size
+        mc = loaded.config
+        #: the Mamba layers' per-sequence states (None: the model has none), before the KV pool is sized
+        self.states = StatePool(mc.mamba, sum(map(mc.is_mamba, range(mc.num_layers))), max_num_seqs,
+                                self.device) if mc.mamba is not None else None
+        if self.states is not None:
+            log.info("recurrent state: %.1f MiB per sequence, %d slots (max_num_seqs)",
+                     self.states.bytes_per_sequence / 2**20, max_num_seqs)
         tokens = kv_cache_tokens if kv_cache_tokens is not None else \
             min(self._kv_budget_bytes() // self.kv_bytes_per_token(), max_num_seqs * max_model_len)
         self.group = loaded.tensor_group
@@ -120,6 +128,11 @@ class ModelRunner:
             return 1
         return self.group.threads if self.group is not None else None
 
+    def release(self, seq_id: int) -> None:
+        """An ended sequence's recurrent state slot back to the pool (where the model has states)."""
+        if self.states is not None:
+            self.states.release(seq_id)
+
     def kv_bytes_per_token(self) -> int:
         mc = self.loaded.config
         element = torch.tensor([], dtype=self.loaded.kv_dtype).element_size()
@@ -171,7 +184,8 @@ class ModelRunner:
             max_query_len=plan.max_query_len, max_context_len=plan.max_context_len,
             block_size=self.block_size, is_decode_only=plan.is_decode_only, kernels=self.kernels,
             native_only=bool(self.loaded.weight_formats))
-        hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta)
+        states = self.states.step(plan) if self.states is not None else None
+        hidden = self.model(t(plan.input_ids), t(plan.positions), self.kv_caches, meta, states)
         if len(plan.logits_indices) == 0:
             return None
         logits = self.model.compute_logits(hidden[t(plan.logits_indices)])

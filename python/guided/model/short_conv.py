@@ -53,6 +53,7 @@ class ShortConv(nn.Module):
         bx = b * x
         flat = cache.view(-1, bx.shape[-1])
         flat.index_copy_(0, slots, bx.to(flat.dtype))
+        previous = previous[:, -(self.weight.shape[1] - 1):]
         taps = flat[previous.clamp(min=0)].to(bx.dtype) * (previous >= 0)[..., None]   # [T, kernel - 1, hidden]
         w = self.weight.to(bx.dtype)
         mixed = bx * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)

@@ -16,9 +16,13 @@ _EXPERT_BLOCKS = ("gate_exps", "up_exps", "down_exps")
 #: is the MLP's input norm in Llama and the attention's output norm in Gemma)
 LAYER_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                            "gate_up_proj", "down_proj", "q_norm", "k_norm", "attn_norm", "mlp_norm",
-                           "attn_post_norm", "mlp_post_norm", "conv_in_proj", "conv_out_proj", "conv"})
+                           "attn_post_norm", "mlp_post_norm", "conv_in_proj", "conv_out_proj", "conv",
+                           "mamba_in_proj", "mamba_out_proj"})
 #: latent attention's (DeepSeek V3) projections and norms, held by the layer's `mla` module
 MLA_MODULES = frozenset({"q_proj", "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj"})
+#: a Mamba-2 mixer's convolution and norm, held by the layer's `mamba` module (its dt_bias, A_log and
+#: D come as `layers.N.mamba.<name>`)
+MAMBA_MODULES = {"mamba_conv": "conv", "mamba_norm": "norm"}
 #: per-layer parameters held by the layer itself, named `layers.N.<name>` (gpt-oss's attention sinks)
 LAYER_PARAMETERS = frozenset({"sinks"})
 
@@ -55,6 +59,10 @@ class WeightSink:
             return
         if parts[2] == "moe":
             self._add_moe(prefix, parts[3:], tensor)
+            return
+        if module in MAMBA_MODULES or module == "mamba":
+            inner = f"{MAMBA_MODULES[module]}." if module in MAMBA_MODULES else ""
+            self.state[f"{prefix}.mamba.{inner}{kind}"] = tensor
             return
         if self.config.latent is not None and module in MLA_MODULES:
             self.state[f"{prefix}.mla.{module}.{kind}"] = tensor

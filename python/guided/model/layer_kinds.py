@@ -1,0 +1,68 @@
+"""What a layer kind needs beyond the row's flags: the numbers of a mixture of
+experts, of latent attention and of a Mamba-2 mixer, read from a config by the
+architecture's reader (architectures.py) and held by ModelConfig."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: per token, a router picks `top_k` of
+    `num_experts` gated MLPs (each `intermediate_size` wide) and sums their
+    outputs by its weights, plus a shared expert where there is one."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    #: "softmax" (Qwen3-MoE: a softmax over all experts, then the top k), "sigmoid" with a
+    #: selection bias (GLM-4.5), or "softmax_topk" (gpt-oss: the top k logits, then a softmax over them)
+    scoring: str = "softmax"
+    norm_topk_prob: bool = True
+    routed_scaling: float = 1.0
+    num_groups: int = 1          # experts are chosen from the best `topk_groups` of these groups
+    topk_groups: int = 1
+    shared_intermediate_size: int = 0
+    #: per layer, whether it is a dense MLP instead (GLM's first layers, Qwen3-MoE's mlp_only_layers)
+    dense_layers: tuple[bool, ...] = ()
+    router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
+    expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
+
+
+@dataclass(frozen=True)
+class LatentConfig:
+    """Multi-head latent attention (latent_attention.py): queries through a rank-`q_lora_rank`
+    bottleneck (0: one projection), keys and values from a cached latent of `kv_lora_rank` values
+    and a `rope_dim` rotary key shared by the heads; per head, `nope_dim` + `rope_dim` query and key
+    values and `v_dim` value ones."""
+    q_lora_rank: int
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    #: the checkpoint rotates pairs (transformers' rope_interleave); the loader permutes to halves
+    interleaved: bool = True
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """A Mamba-2 mixer (model/mamba.py): `heads` heads of `head_dim` channels, each with a
+    [head_dim, state_size] state; B and C in `groups` groups shared by the heads; a causal
+    depthwise convolution of `conv_kernel` taps over x|B|C; dt clamped to [dt_min, dt_max]."""
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int
+    conv_kernel: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """x, B and C: what the convolution mixes, and what the cache keeps per token."""
+        return self.inner + 2 * self.groups * self.state_size

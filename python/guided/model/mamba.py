@@ -1,0 +1,174 @@
+"""Granite 4.0-H's Mamba-2 mixer, and the pool of per-sequence states it keeps.
+
+A "mamba" layer projects each token to a gate z, the convolution's input
+x|B|C and a step size dt per head; a causal depthwise convolution (then SiLU)
+mixes x|B|C over the last `conv_kernel` tokens; then each head h carries a
+state S [head_dim, state_size] through the tokens:
+
+    S ← exp(dtₕ·Aₕ)·S + dtₕ·x ⊗ B,    y = S·C + Dₕ·x,
+
+and y leaves through an RMSNorm gated by SiLU(z) (per group) and out_proj.
+
+What each part keeps between steps:
+- the convolution reads tokens back, so its inputs live in the paged cache
+  per token ([blocks, block_size, 1, conv_dim]), read through the block
+  table as LFM2's are (short_conv.previous_slots);
+- S is a function of the whole prefix and does not fit a token: it lives in
+  a StatePool slot of the sequence's own, from the sequence's first step to
+  its end. A step whose rows start a sequence at position 0 starts from
+  zeros (a new request, or one preempted and recomputing); any other step
+  must start where the slot's state is, which the pool checks.
+
+So continuous batching, chunked prefill and preemption (by recompute) hold;
+what a slot cannot do (be shared by a prefix-cache hit, be rolled back after
+a refused draft) the engine turns off for these models by name: the prefix
+cache, and speculative decoding (engine.py).
+
+The recurrence runs token by token (rows of different sequences together);
+transformers' chunked scan gives the same values to float rounding.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layer_kinds import MambaConfig
+
+log = logging.getLogger("guided.model")
+
+
+def _parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+class GatedNorm(nn.Module):
+    """RMSNorm of y·SiLU(z), per group of `group` channels (Mamba-2's norm before out_proj)."""
+
+    def __init__(self, dim: int, group: int, eps: float):
+        super().__init__()
+        self.weight, self.group, self.eps = _parameter(dim), group, eps
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.flatten(-2).to(y.dtype)
+
+
+@dataclass
+class StateStep:
+    """A step's sequences as the recurrence reads them: each one's state slot, first row,
+    row count and whether it starts from zeros (position 0)."""
+    slots: torch.Tensor    # [B] int64
+    starts: torch.Tensor   # [B] int64
+    counts: torch.Tensor   # [B] int64
+    fresh: torch.Tensor    # [B] bool
+    pool: "StatePool"
+
+
+class StatePool:
+    """One state per sequence for every "mamba" layer: [slots, heads, head_dim, state_size]
+    float32 each. A sequence takes a slot at its first step and gives it back when the
+    engine ends it (release); there are `slots` of them (max_num_seqs), more only while
+    preempted sequences still hold theirs."""
+
+    def __init__(self, m: MambaConfig, layers: int, slots: int, device):
+        self.m, self.layers, self.device = m, layers, device
+        self.states = torch.zeros(layers, slots, m.heads, m.head_dim, m.state_size, device=device)
+        self.slot_of: dict[int, int] = {}
+        #: per slot, the position its state has reached (the tokens it has taken in)
+        self.reached = np.zeros(slots, dtype=np.int64)
+        self.free = list(range(slots - 1, -1, -1))
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return self.states[:, 0].numel() * self.states.element_size()
+
+    def step(self, plan) -> StateStep:
+        """The slots of `plan`'s sequences (taken where new), checked against their positions."""
+        starts = plan.query_start_loc[:-1].astype(np.int64)
+        counts = np.diff(plan.query_start_loc).astype(np.int64)
+        first = plan.positions[starts]
+        slots = np.array([self._slot(int(sid)) for sid in plan.seq_ids], dtype=np.int64)
+        stale = (first != 0) & (self.reached[slots] != first)
+        if stale.any():
+            i = int(np.flatnonzero(stale)[0])
+            raise RuntimeError(f"sequence {int(plan.seq_ids[i])}'s recurrent state is at position "
+                               f"{int(self.reached[slots[i]])}, its step starts at {int(first[i])}")
+        self.reached[slots] = first + counts
+        t = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return StateStep(t(slots), t(starts), t(counts), t(first == 0), self)
+
+    def release(self, seq_id: int) -> None:
+        slot = self.slot_of.pop(seq_id, None)
+        if slot is not None:
+            self.free.append(slot)
+
+    def _slot(self, seq_id: int) -> int:
+        if seq_id in self.slot_of:
+            return self.slot_of[seq_id]
+        if not self.free:   # preempted sequences hold theirs: one more
+            n = self.states.shape[1]
+            log.info("recurrent state pool: %d slots are held; adding one", n)
+            self.states = torch.cat([self.states, torch.zeros_like(self.states[:, :1])], dim=1)
+            self.reached = np.append(self.reached, 0)
+            self.free.append(n)
+        self.slot_of[seq_id] = slot = self.free.pop()
+        return slot
+
+
+class Mamba2(nn.Module):
+    """The mixer between in_proj and out_proj (which the layer holds, as quantizable linears)."""
+
+    def __init__(self, m: MambaConfig, index: int, eps: float):
+        super().__init__()
+        self.m = m
+        #: this layer's row of the StatePool
+        self.index = index
+        self.conv = nn.Module()
+        self.conv.weight = _parameter(m.conv_dim, m.conv_kernel)
+        self.conv.bias = _parameter(m.conv_dim) if m.conv_bias else None
+        self.dt_bias, self.A_log, self.D = _parameter(m.heads), _parameter(m.heads), _parameter(m.heads)
+        self.norm = GatedNorm(m.inner, m.inner // m.groups, eps)
+
+    def forward(self, projected: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                previous: torch.Tensor, states: StateStep) -> torch.Tensor:
+        m = self.m
+        z, xbc, dt = projected.split([m.inner, m.conv_dim, m.heads], dim=-1)
+        flat = cache.view(-1, m.conv_dim)
+        flat.index_copy_(0, slots, xbc.to(flat.dtype))
+        back = previous[:, -(m.conv_kernel - 1):]
+        taps = flat[back.clamp(min=0)].to(xbc.dtype) * (back >= 0)[..., None]
+        w = self.conv.weight.to(xbc.dtype)
+        mixed = xbc * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)
+        if self.conv.bias is not None:
+            mixed = mixed + self.conv.bias
+        x, b, c = F.silu(mixed).split([m.inner, m.groups * m.state_size, m.groups * m.state_size], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(m.dt_min, m.dt_max)
+        y = self._scan(x.float().unflatten(-1, (m.heads, m.head_dim)), dt, b.float(), c.float(), states)
+        return self.norm(y.flatten(-2).to(projected.dtype), z)
+
+    def _scan(self, x, dt, b, c, s: StateStep) -> torch.Tensor:
+        """The recurrence over each sequence's rows, sequences side by side."""
+        m = self.m
+        per_group = m.heads // m.groups
+        b = b.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)   # [T, H, N]
+        c = c.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)
+        a = -torch.exp(self.A_log.float())
+        pool = s.pool.states[self.index]
+        state = pool.index_select(0, s.slots) * (~s.fresh)[:, None, None, None]
+        y = torch.empty_like(x)
+        for k in range(int(s.counts.max())):
+            live = (s.counts > k).nonzero().squeeze(1)
+            rows = s.starts[live] + k
+            d = dt[rows]                                                          # [b, H]
+            xb = (d[..., None] * x[rows])[..., None] * b[rows][:, :, None]               # dt·x ⊗ B
+            st = state[live] * torch.exp(d * a)[..., None, None] + xb
+            y[rows] = (st @ c[rows][..., None]).squeeze(-1) + self.D.float()[:, None] * x[rows]
+            state[live] = st
+        pool.index_copy_(0, s.slots, state)
+        return y

@@ -1,0 +1,142 @@
+"""Hybrid models through the engine, each as its family ships it (issue 53).
+
+Two tiny random models over the default model's byte-level vocabulary with
+their family's markers and template (helpers/family_model.py):
+
+- LFM2 (three gated short-convolution layers and one attention layer), as
+  the GGUF llama.cpp's converter writes, on the native CPU step (its Q8_0
+  blocks). Its convolutions keep each token's input in the paged cache
+  (model/short_conv.py), so the prefix cache and speculation hold for it;
+- Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation),
+  as an HF directory, on the torch step. Its Mamba state lives in a slot per
+  sequence (model/mamba.py), which the prefix cache cannot restore nor a
+  refused draft undo: both are off for it, said by name.
+
+What a user of a hybrid model notices:
+- a four-turn agent loop: every required call validates against its tool's
+  schema, the last turn answers in text, and (LFM2) each turn finds the
+  previous turn's prompt and answer in the prefix cache (the shares printed);
+- a JSON-schema answer validates, at every budget;
+- speculative decoding gives every turn the tokens it gave without (LFM2),
+  or is refused by name at the request (Granite 4.0-H);
+- a KV pool too small for the batch preempts sequences, every answer is the
+  roomy engine's, and the blocks and state slots all come back.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import jsonschema
+import pytest
+
+from guided import LLM, ChatOptions, SamplingParams
+from helpers.agent_loop import cache_shares, run_loop
+from helpers.family_model import family_directory, family_gguf
+from helpers.tools import SCHEMAS
+
+#: the least share of the previous prompt and answer a turn finds in the cache (whole blocks of 16)
+SHARE = 0.9
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
+                                          "city": {"type": "string"}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+#: family → (its model's layer kinds, what keeps state where a token cannot, how it loads)
+HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), False, {}),
+           "granite": (("mamba", "mamba", "full", "mamba"), True, {"dtype": "float32"})}
+
+
+@pytest.fixture(scope="module", params=list(HYBRIDS))
+def hybrid(request, tmp_path_factory, default_gguf):
+    """(family, model path, its engine)."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    path = str(family_directory(family, default_gguf, root) if HYBRIDS[family][1]
+               else family_gguf(family, default_gguf, root))
+    llm = LLM(path, kv_cache_tokens=4096, max_num_seqs=8, **HYBRIDS[family][2])
+    yield family, path, llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def loop(hybrid):
+    return run_loop(hybrid[2])
+
+
+def test_the_model_is_the_hybrid_its_family_ships(hybrid):
+    family, _, llm = hybrid
+    config = llm.engine.loaded.config
+    assert config.layer_types == HYBRIDS[family][0]
+    assert (llm.engine.runner.native is not None) == (family == "lfm2"), "a GGUF in its blocks runs natively"
+    assert llm.chat_format.tools.format.name == family
+
+
+def test_required_calls_validate_and_the_last_turn_answers_in_text(loop):
+    for messages, _, _, out in loop[:-1]:
+        reply = out.outputs[0]
+        assert reply.finish_reason == "tool_calls" and reply.tool_calls, (len(messages), reply.text)
+        for call in reply.tool_calls:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    last = loop[-1][3].outputs[0]
+    assert last.tool_calls == [] and last.content, last.text
+
+
+def test_each_turn_finds_the_previous_one_in_the_prefix_cache(hybrid, loop):
+    """The previous prompt and answer, token for token (the answer's end token aside: the random
+    model ends with the vocabulary's <|endoftext|> as often as with the template's end, which the
+    template writes back); where the model keeps a state per sequence, nothing is cached, and said."""
+    family, _, llm = hybrid
+    shares = cache_shares([out for _, _, _, out in loop], llm.engine.special.end_ids)
+    print(f"\n{family}: cached / previous prompt+completion per turn: "
+          + ", ".join(f"{c}/{p} = {c / p:.1%}" for c, p, _ in shares))
+    for cached, total, same in shares:
+        assert same, (cached, total)
+        assert cached == 0 if llm.engine.recurrent else cached >= SHARE * total, (cached, total)
+
+
+@pytest.mark.parametrize("max_tokens", [12, 24, 60])
+def test_a_json_schema_answer_validates_at_any_budget(hybrid, max_tokens):
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=max_tokens,
+                            structured_outputs={"json": PERSON})
+    [out] = hybrid[2].chat([{"role": "user", "content": "A person as JSON."}], params, use_tqdm=False)
+    jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
+
+
+def test_speculative_decoding_changes_no_token_or_is_refused_by_name(hybrid, loop):
+    llm = hybrid[2]
+    if llm.engine.recurrent:
+        messages, params, options, _ = loop[0]
+        plan = llm.prepare_chat(messages, replace(params, speculative=True), ChatOptions(**options))
+        with pytest.raises(ValueError, match="Mamba layers keep a state per sequence"):
+            llm.run_chat([plan])
+        assert llm.run_chat([llm.prepare_chat(messages, params, ChatOptions(**options))]), "the engine goes on"
+        with pytest.raises(ValueError, match="speculative decoding is not supported"):
+            LLM(hybrid[1], dtype="float32", speculative=True)
+        return
+    plans = [llm.prepare_chat(m, replace(p, speculative=True), ChatOptions(**o)) for m, p, o, _ in loop]
+    before = llm.stats()["draft_steps"]
+    outs = llm.run_chat(plans)
+    assert llm.stats()["draft_steps"] > before, "no draft was checked"
+    assert [o.outputs[0].token_ids for o in outs] == [out.outputs[0].token_ids for _, _, _, out in loop]
+
+
+def test_preemption_gives_the_roomy_engines_answers(hybrid, loop):
+    """Eight seeded continuations of the last turn's prompt in a pool with room for two prompts and
+    two blocks (each its own blocks: no prefix cache), so the two running outgrow it."""
+    family, path, llm = hybrid
+    prompt = loop[-1][3].prompt_token_ids
+    params = [SamplingParams(max_tokens=48, temperature=1.0, seed=s, ignore_eos=True) for s in range(8)]
+
+    def answers(engine):
+        return [o.outputs[0].token_ids for o in engine.generate([prompt] * 8, params, use_tqdm=False)]
+
+    tight = LLM(path, kv_cache_tokens=len(prompt) * 2 + 32, block_size=16, max_num_seqs=8,
+                enable_prefix_caching=False, **HYBRIDS[family][2])
+    try:
+        assert answers(tight) == answers(llm)
+        stats = tight.stats()
+        assert stats["preemptions"] > 0, stats
+        assert stats["num_free_blocks"] == stats["num_blocks"]
+        states = tight.engine.runner.states
+        assert states is None or not states.slot_of, "every state slot came back"
+    finally:
+        tight.close()
