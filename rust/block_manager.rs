@@ -225,6 +225,17 @@ impl BlockManager {
         found
     }
 
+    /// `lookup`, but a hit counts only if it is exactly the first `limit` tokens (a multiple of
+    /// the block size); otherwise none.
+    pub fn lookup_exact(&self, tokens: &[u32], limit: usize) -> CachedPrefix {
+        let found = self.lookup(&tokens[..(limit + 1).min(tokens.len())]);
+        if found.blocks.len() * self.block_size == limit {
+            found
+        } else {
+            CachedPrefix::default()
+        }
+    }
+
     /// The hashes a lookup of `tokens` would chain through, from block
     /// `from` on (`parent`: the hash of block `from - 1`): the full blocks
     /// past a prefix that a sequence computes and then caches. Empty with

@@ -21,6 +21,7 @@ pub mod quant;
 pub mod random;
 pub mod sampling;
 pub mod scheduler;
+pub mod scheduler_counters;
 pub mod speculative;
 pub mod step_profile;
 pub mod sequence;

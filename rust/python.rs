@@ -157,6 +157,11 @@ impl PyScheduler {
         self.inner.abort(seq_id)
     }
 
+    /// A prefix-cache hit for `seq_id` only of exactly its first `tokens` tokens, or none.
+    fn limit_prefix(&mut self, seq_id: u64, tokens: usize) -> bool {
+        self.inner.limit_prefix(seq_id, tokens)
+    }
+
     fn has_unfinished(&self) -> bool {
         self.inner.has_unfinished()
     }

@@ -22,7 +22,8 @@ use crate::masks::{row_masks, MaskBatch, MaskJob, MaskSpan};
 use crate::random::Stream;
 use crate::sampling::{sample_rows, Row, Sampled, SamplingParams};
 use crate::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering, Verified};
-use crate::speculative::{propose, walk, WalkedRows, Draft, DraftCounters, Drafter, Drafts, Limits, Speculation};
+use crate::speculative::{propose, walk, WalkedRows, Draft, Drafter, Drafts, Limits, Speculation};
+pub use crate::scheduler_counters::Counters;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -113,22 +114,6 @@ pub struct StepOutput {
 /// One sequence's part of a step: its id, how many of its tokens, and the
 /// draft fed after them.
 type Chunk = (SeqId, usize, Draft);
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub prefix_cache_hit_tokens: usize,
-    pub prefix_cache_queries: usize,
-    pub preemptions: usize,
-    /// Tokens appended by fast-forward, without sampling.
-    pub forced_tokens: usize,
-    /// Wall time of the mask jobs, and how much of it sample() waited for:
-    /// the difference was hidden behind the forward pass.
-    pub mask_time_us: u64,
-    pub mask_wait_us: u64,
-    /// Row masks computed.
-    pub mask_rows: usize,
-    pub drafts: DraftCounters,
-}
 
 /// The plan whose forward pass is (or was last) in flight.
 #[derive(Debug, Default)]
@@ -305,22 +290,22 @@ impl Scheduler {
     }
 
     pub fn stats(&self) -> Vec<(&'static str, usize)> {
-        let mut out = vec![
-            ("prefix_cache_hit_tokens", self.counters.prefix_cache_hit_tokens),
-            ("prefix_cache_queries", self.counters.prefix_cache_queries),
-            ("preemptions", self.counters.preemptions),
-            ("forced_tokens", self.counters.forced_tokens),
-            ("mask_time_us", self.counters.mask_time_us as usize),
-            ("mask_wait_us", self.counters.mask_wait_us as usize),
-            ("mask_rows", self.counters.mask_rows),
+        let mut out = self.counters.entries();
+        out.extend([
             ("num_running", self.running.len()),
             ("num_waiting", self.waiting.len()),
             ("num_free_blocks", self.bm.num_free_blocks()),
             ("num_cached_blocks", self.bm.num_cached_blocks()),
             ("num_blocks", self.bm.num_blocks()),
-        ];
-        out.extend(self.counters.drafts.entries());
+        ]);
         out
+    }
+
+    /// Let `seq_id`'s prefix-cache hit be exactly its first `tokens` tokens or nothing
+    /// (a model whose state beyond the KV cache is known at that point alone: a snapshot of
+    /// Mamba layers' states). False if the id is unknown.
+    pub fn limit_prefix(&mut self, seq_id: SeqId, tokens: usize) -> bool {
+        self.seqs.get_mut(&seq_id).map(|s| s.cache_limit = Some(tokens)).is_some()
     }
 
     /// Remove a sequence from whichever queue holds it and free its blocks;
@@ -469,7 +454,10 @@ impl Scheduler {
         while *budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else { break };
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-            let prefix = self.bm.lookup(&seq.token_ids);
+            let prefix = match seq.cache_limit {
+                Some(limit) => self.bm.lookup_exact(&seq.token_ids, limit),
+                None => self.bm.lookup(&seq.token_ids),
+            };
             let ahead = self.bm.hashes_from(&seq.token_ids, prefix.num_blocks(), prefix.last_hash());
             if ahead.first().is_some_and(|h| computing.contains(h)) {
                 break; // FIFO: nobody overtakes the head of the queue

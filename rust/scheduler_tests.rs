@@ -178,6 +178,23 @@ fn prefix_cache_hits_leave_one_token() {
 }
 
 #[test]
+fn a_limited_prefix_hits_exactly_its_limit_or_nothing() {
+    // 48 prompt tokens cached (three blocks); a state known after 16 tokens allows a hit of 16
+    // alone, one known after 64 (more than is cached) none
+    let mut s = Scheduler::new(cfg(16, 16)).unwrap();
+    let p = prompt(60, 0);
+    s.add_request(1, &p, &req(1)).unwrap();
+    drain(&mut s, 3);
+    for (id, limit, start) in [(2, 16, 16), (3, 64, 0), (4, 0, 0), (5, 20, 0)] {
+        s.add_request(id, &p, &req(1)).unwrap();
+        assert!(s.limit_prefix(id as u64, limit));
+        assert_eq!(s.schedule().unwrap().positions[0], start, "limit {limit}");
+        drain(&mut s, 3);
+    }
+    assert!(!s.limit_prefix(99, 16), "an unknown id");
+}
+
+#[test]
 fn chunked_prefill_blocks_are_cached_without_sampling() {
     let mut c = cfg(16, 4);
     c.max_num_batched_tokens = 8;

@@ -274,6 +274,8 @@ pub struct Sequence {
     pub rng: Stream,
     /// Prefix-cache hit at first admission (reported to the user).
     pub num_cached_tokens: Option<usize>,
+    /// A hit must be exactly this many tokens or none (`Scheduler::limit_prefix`).
+    pub cache_limit: Option<usize>,
     /// Admission order among all requests, for FIFO and preemption.
     pub arrival: u64,
     pub constraint: Option<Constraint>,
@@ -301,6 +303,7 @@ impl Sequence {
             stop,
             rng: Stream::new(seed),
             num_cached_tokens: None,
+            cache_limit: None,
             arrival,
             constraint: None,
             speculation: None,

@@ -258,6 +258,9 @@ class Scheduler:
     def abort(self, seq_id: int) -> bool:
         """Remove a sequence from any queue and free its blocks; False if
         unknown. Nothing is reported for it."""
+    def limit_prefix(self, seq_id: int, tokens: int) -> bool:
+        """Let the request's prefix-cache hit be exactly its first ``tokens`` tokens or none
+        (a model's recurrent state is known there alone: a snapshot); False if unknown."""
     def has_unfinished(self) -> bool:
         """Whether any request is waiting or running."""
     def num_cached_tokens(self, seq_id: int) -> int:

@@ -117,20 +117,19 @@ class Engine:
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len, config.cpu_step)
-        #: a state per sequence (Mamba layers): no prefix-cache hit can restore it, no refused draft undo it
+        #: a state per sequence (Mamba layers): prefix-cache hits only at its snapshots, no draft refused
         self.recurrent = self.runner.states is not None
         if self.recurrent and config.speculative:
             raise ValueError(NO_DRAFTS_WITH_STATE)
         if self.recurrent and config.enable_prefix_caching:
-            log.info("prefix caching is off: this model's Mamba layers keep a state per sequence "
-                     "the cache does not hold")
+            log.info("prefix-cache hits for this model start at its state snapshots only (the block "
+                     "boundary before an ended request's last token, and its prompt's)")
         self.scheduler = _native.Scheduler(
             num_blocks=self.runner.num_blocks, block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
             max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
-            enable_prefix_caching=config.enable_prefix_caching and not self.recurrent,
-            speculative=config.speculative,
+            enable_prefix_caching=config.enable_prefix_caching, speculative=config.speculative,
             num_speculative_tokens=config.num_speculative_tokens, drafter=config.drafter)
         self.step_cost = StepCost()
         self.requests: dict[int, _Request] = {}
@@ -218,6 +217,9 @@ class Engine:
             reasoning_end=grammar.reasoning_end if compiled is not None else None)
         self.counters["add_request_us"] += int((time.perf_counter() - started) * 1e6)
         self.requests[rid] = req
+        if self.recurrent:   # a hit only where a state snapshot is (and it is promised to this request)
+            snapshot = self.runner.states.hit(rid, prompt_ids) if self.config.enable_prefix_caching else 0
+            self.scheduler.limit_prefix(rid, snapshot)
         self._push_forced(req, forced)
         self.counters["prompt_tokens"] += len(prompt_ids)
         if forced:  # reported with the first step's tokens
@@ -369,7 +371,7 @@ class Engine:
     def _finish(self, req: _Request, reason: str, num_cached: int,
                 error: str | None = None) -> RequestOutput:
         self.requests.pop(req.id, None)
-        self.runner.release(req.id)
+        self.runner.release(req.id, req.prompt_ids + req.output_ids)
         key = "requests_failed" if reason == "error" else "requests_finished"
         self.counters[key] += 1
         self.counters["closed_outputs"] += req.closed

@@ -9,13 +9,15 @@ their family's markers and template (helpers/family_model.py):
   (model/short_conv.py), so the prefix cache and speculation hold for it;
 - Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation),
   as an HF directory, on the torch step. Its Mamba state lives in a slot per
-  sequence (model/mamba.py), which the prefix cache cannot restore nor a
-  refused draft undo: both are off for it, said by name.
+  sequence (model/state_pool.py): the prefix cache serves it from snapshots
+  of the state at block boundaries, and speculative decoding, whose refused
+  drafts no state can give back, is refused by name.
 
 What a user of a hybrid model notices:
 - a four-turn agent loop: every required call validates against its tool's
-  schema, the last turn answers in text, and (LFM2) each turn finds the
-  previous turn's prompt and answer in the prefix cache (the shares printed);
+  schema, the last turn answers in text, and each turn finds the previous
+  turn's prompt and answer in the prefix cache (the shares printed), and
+  gives the tokens an engine without the cache gives;
 - a JSON-schema answer validates, at every budget;
 - speculative decoding gives every turn the tokens it gave without (LFM2),
   or is refused by name at the request (Granite 4.0-H);
@@ -83,14 +85,28 @@ def test_required_calls_validate_and_the_last_turn_answers_in_text(loop):
 def test_each_turn_finds_the_previous_one_in_the_prefix_cache(hybrid, loop):
     """The previous prompt and answer, token for token (the answer's end token aside: the random
     model ends with the vocabulary's <|endoftext|> as often as with the template's end, which the
-    template writes back); where the model keeps a state per sequence, nothing is cached, and said."""
+    template writes back). Granite 4.0-H's turns start from the snapshot of their Mamba state at the
+    block boundary before the previous answer's end."""
     family, _, llm = hybrid
     shares = cache_shares([out for _, _, _, out in loop], llm.engine.special.end_ids)
     print(f"\n{family}: cached / previous prompt+completion per turn: "
           + ", ".join(f"{c}/{p} = {c / p:.1%}" for c, p, _ in shares))
     for cached, total, same in shares:
-        assert same, (cached, total)
-        assert cached == 0 if llm.engine.recurrent else cached >= SHARE * total, (cached, total)
+        assert same and cached >= SHARE * total, (cached, total)
+
+
+def test_the_prefix_cache_changes_no_answer(hybrid, loop):
+    """The same loop on an engine without the prefix cache: the same prompts and tokens, turn by
+    turn (seeded sampling), none of them cached."""
+    family, path, _ = hybrid
+    cold = LLM(path, kv_cache_tokens=4096, enable_prefix_caching=False, **HYBRIDS[family][2])
+    try:
+        again = [out for *_, out in run_loop(cold)]
+        assert [(o.prompt_token_ids, o.outputs[0].token_ids) for o in again] == \
+            [(out.prompt_token_ids, out.outputs[0].token_ids) for *_, out in loop]
+        assert all(o.num_cached_tokens == 0 for o in again)
+    finally:
+        cold.close()
 
 
 @pytest.mark.parametrize("max_tokens", [12, 24, 60])

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from guided.model import AttentionMetadata, allocate_kv_cache
-from guided.model.mamba import StatePool
+from guided.model.state_pool import StatePool
 
 
 class PagedRunner:
@@ -22,8 +22,8 @@ class PagedRunner:
         self.tables: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
         #: the Mamba layers' states, where the model has them (a slot per sequence, as the engine's runner)
-        self.states = StatePool(config.mamba, sum(map(config.is_mamba, range(config.num_layers))), 8, "cpu") \
-            if config.mamba is not None else None
+        self.states = StatePool(config.state_shape, sum(map(config.is_recurrent, range(config.num_layers))), 8,
+                                "cpu", block_size) if config.state_shape is not None else None
 
     def _reserve(self, seq: int, upto: int) -> None:
         table = self.tables.setdefault(seq, [])

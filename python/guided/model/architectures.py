@@ -46,7 +46,8 @@ token's convolution input in the paged blocks, so it needs no state of its own.
 
 A "mamba" layer (Granite 4.0-H) is a Mamba-2 mixer (model/mamba.py): its
 convolution's inputs are cached per token like LFM2's, and its state lives in
-a pool of one slot per running sequence (model/mamba.py's StatePool).
+a pool of one slot per running sequence, snapshots of it serving the prefix
+cache (model/state_pool.py).
 
 Out of scope: Nemotron-H's and Falcon-H1's Mamba-2 blocks (layers without an
 MLP, parallel mixers), Qwen3.5's Gated DeltaNet ("linear" layers of other

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .architectures import Architecture, architecture, for_gguf, for_hf
-from .layer_kinds import LatentConfig, MambaConfig, MoEConfig
+from .layer_kinds import DeltaNetConfig, LatentConfig, MambaConfig, MoEConfig
 
 
 @dataclass
@@ -49,8 +49,9 @@ class ModelConfig:
     swiglu_limit: float = 7.0
     #: multi-head latent attention in every layer (DeepSeek V3); head_dim is then its cache entry's width
     latent: LatentConfig | None = None
-    #: the Mamba-2 mixer of the "mamba" layers (Granite 4.0-H)
+    #: the Mamba-2 mixer of the "mamba" layers (Granite 4.0-H), the Gated DeltaNet of the "delta" ones (Qwen3.5)
     mamba: MambaConfig | None = None
+    delta: DeltaNetConfig | None = None
     conv_kernel: int = 0                   # a "conv" layer's kernel size (LFM2's conv_L_cache)
     conv_bias: bool = False
 
@@ -68,8 +69,8 @@ class ModelConfig:
         if "linear" in self.layer_types:
             raise ValueError(f"{self.architecture}: linear-attention / recurrent layers are not supported "
                              f"for this architecture (guided runs Granite 4.0-H's Mamba-2 layers and LFM2's)")
-        if "mamba" in self.layer_types and self.mamba is None:
-            raise ValueError(f"{self.architecture}: Mamba layers without their mixer's numbers")
+        if "mamba" in self.layer_types and self.mamba is None or "delta" in self.layer_types and self.delta is None:
+            raise ValueError(f"{self.architecture}: recurrent layers without their mixer's numbers")
         if "conv" in self.layer_types and self.conv_kernel < 1:
             raise ValueError(f"{self.architecture}: convolution layers without a kernel size")
 
@@ -85,6 +86,19 @@ class ModelConfig:
 
     def is_mamba(self, layer: int) -> bool:
         return self.layer_types[layer] == "mamba"
+
+    def is_recurrent(self, layer: int) -> bool:
+        """A layer whose state is not per token (Mamba-2, Gated DeltaNet): a StatePool row."""
+        return self.layer_types[layer] in ("mamba", "delta")
+
+    @property
+    def state_shape(self) -> tuple[int, ...] | None:
+        """One recurrent layer's state of one sequence (None: the model has none)."""
+        if self.mamba is not None:
+            return self.mamba.heads, self.mamba.head_dim, self.mamba.state_size
+        if self.delta is not None:
+            return self.delta.v_heads, self.delta.k_dim, self.delta.v_dim
+        return None
 
     def window(self, layer: int) -> int | None:
         """How many positions layer `layer` attends to (None: all)."""

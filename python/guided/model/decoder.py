@@ -20,10 +20,11 @@ from torch import nn
 from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
 from .latent_attention import LatentAttention
-from .mamba import Mamba2, StateStep
+from .mamba import Mamba2
 from .moe import MoE
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
 from .short_conv import ShortConv, previous_slots
+from .state_pool import StateStep
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -87,7 +88,7 @@ class DecoderLayer(nn.Module):
         self.mla = LatentAttention(c.latent, c.hidden_size, c.num_heads, c.rms_norm_eps, c.attention_scale,
                                    RMSNorm) if c.latent else None
         #: Granite 4.0-H's Mamba-2 layers (its state in the runner's StatePool, row `mamba.index`)
-        self.mamba = Mamba2(c.mamba, sum(map(c.is_mamba, range(index))), c.rms_norm_eps) \
+        self.mamba = Mamba2(c.mamba, sum(map(c.is_recurrent, range(index))), c.rms_norm_eps) \
             if c.is_mamba(index) else None
         if self.mamba is not None:
             m = c.mamba

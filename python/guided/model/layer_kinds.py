@@ -1,6 +1,7 @@
 """What a layer kind needs beyond the row's flags: the numbers of a mixture of
-experts, of latent attention and of a Mamba-2 mixer, read from a config by the
-architecture's reader (architectures.py) and held by ModelConfig."""
+experts, of latent attention, of a Mamba-2 mixer and of a Gated DeltaNet, read
+from a config by the architecture's reader (architectures.py) and held by
+ModelConfig."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,3 +67,28 @@ class MambaConfig:
     def conv_dim(self) -> int:
         """x, B and C: what the convolution mixes, and what the cache keeps per token."""
         return self.inner + 2 * self.groups * self.state_size
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """A Gated DeltaNet mixer (model/delta_net.py): `k_heads` query/key heads of `k_dim`, shared by
+    groups of the `v_heads` value heads of `v_dim`, each value head with a [k_dim, v_dim] state;
+    a causal depthwise convolution of `conv_kernel` taps over q|k|v."""
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """q, k and v: what the convolution mixes, and what the cache keeps per token."""
+        return 2 * self.key_dim + self.value_dim

@@ -14,32 +14,25 @@ What each part keeps between steps:
   per token ([blocks, block_size, 1, conv_dim]), read through the block
   table as LFM2's are (short_conv.previous_slots);
 - S is a function of the whole prefix and does not fit a token: it lives in
-  a StatePool slot of the sequence's own, from the sequence's first step to
-  its end. A step whose rows start a sequence at position 0 starts from
-  zeros (a new request, or one preempted and recomputing); any other step
-  must start where the slot's state is, which the pool checks.
+  a slot of the sequence's own (state_pool.py), copied at block boundaries
+  into the snapshots that let the prefix cache serve later requests.
 
-So continuous batching, chunked prefill and preemption (by recompute) hold;
-what a slot cannot do (be shared by a prefix-cache hit, be rolled back after
-a refused draft) the engine turns off for these models by name: the prefix
-cache, and speculative decoding (engine.py).
+So continuous batching, chunked prefill, preemption (by recompute) and the
+prefix cache (at snapshots) hold; a refused draft cannot be taken back out
+of S, so speculative decoding is refused for these models by name
+(engine.py).
 
 The recurrence runs token by token (rows of different sequences together);
 transformers' chunked scan gives the same values to float rounding.
 """
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .layer_kinds import MambaConfig
-
-log = logging.getLogger("guided.model")
+from .state_pool import StateStep
 
 
 def _parameter(*shape: int) -> nn.Parameter:
@@ -57,68 +50,6 @@ class GatedNorm(nn.Module):
         h = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.flatten(-2).to(y.dtype)
-
-
-@dataclass
-class StateStep:
-    """A step's sequences as the recurrence reads them: each one's state slot, first row,
-    row count and whether it starts from zeros (position 0)."""
-    slots: torch.Tensor    # [B] int64
-    starts: torch.Tensor   # [B] int64
-    counts: torch.Tensor   # [B] int64
-    fresh: torch.Tensor    # [B] bool
-    pool: "StatePool"
-
-
-class StatePool:
-    """One state per sequence for every "mamba" layer: [slots, heads, head_dim, state_size]
-    float32 each. A sequence takes a slot at its first step and gives it back when the
-    engine ends it (release); there are `slots` of them (max_num_seqs), more only while
-    preempted sequences still hold theirs."""
-
-    def __init__(self, m: MambaConfig, layers: int, slots: int, device):
-        self.m, self.layers, self.device = m, layers, device
-        self.states = torch.zeros(layers, slots, m.heads, m.head_dim, m.state_size, device=device)
-        self.slot_of: dict[int, int] = {}
-        #: per slot, the position its state has reached (the tokens it has taken in)
-        self.reached = np.zeros(slots, dtype=np.int64)
-        self.free = list(range(slots - 1, -1, -1))
-
-    @property
-    def bytes_per_sequence(self) -> int:
-        return self.states[:, 0].numel() * self.states.element_size()
-
-    def step(self, plan) -> StateStep:
-        """The slots of `plan`'s sequences (taken where new), checked against their positions."""
-        starts = plan.query_start_loc[:-1].astype(np.int64)
-        counts = np.diff(plan.query_start_loc).astype(np.int64)
-        first = plan.positions[starts]
-        slots = np.array([self._slot(int(sid)) for sid in plan.seq_ids], dtype=np.int64)
-        stale = (first != 0) & (self.reached[slots] != first)
-        if stale.any():
-            i = int(np.flatnonzero(stale)[0])
-            raise RuntimeError(f"sequence {int(plan.seq_ids[i])}'s recurrent state is at position "
-                               f"{int(self.reached[slots[i]])}, its step starts at {int(first[i])}")
-        self.reached[slots] = first + counts
-        t = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        return StateStep(t(slots), t(starts), t(counts), t(first == 0), self)
-
-    def release(self, seq_id: int) -> None:
-        slot = self.slot_of.pop(seq_id, None)
-        if slot is not None:
-            self.free.append(slot)
-
-    def _slot(self, seq_id: int) -> int:
-        if seq_id in self.slot_of:
-            return self.slot_of[seq_id]
-        if not self.free:   # preempted sequences hold theirs: one more
-            n = self.states.shape[1]
-            log.info("recurrent state pool: %d slots are held; adding one", n)
-            self.states = torch.cat([self.states, torch.zeros_like(self.states[:, :1])], dim=1)
-            self.reached = np.append(self.reached, 0)
-            self.free.append(n)
-        self.slot_of[seq_id] = slot = self.free.pop()
-        return slot
 
 
 class Mamba2(nn.Module):
@@ -170,5 +101,6 @@ class Mamba2(nn.Module):
             st = state[live] * torch.exp(d * a)[..., None, None] + xb
             y[rows] = (st @ c[rows][..., None]).squeeze(-1) + self.D.float()[:, None] * x[rows]
             state[live] = st
+            s.pool.capture(self.index, s, live, k, st)   # the state at a block boundary, for the snapshots
         pool.index_copy_(0, s.slots, state)
         return y

@@ -22,7 +22,7 @@ from .attention import AttentionMetadata
 from .decoder import allocate_kv_cache, cache_values_per_token
 from .device_sampler import DeviceSampler
 from .loader import LoadedModel
-from .mamba import StatePool
+from .state_pool import StatePool
 from .native import CPU_STEPS, NativeStep, NotNative, native_decoder
 
 log = logging.getLogger("guided.model")
@@ -44,12 +44,14 @@ class ModelRunner:
         self.device = loaded.device
         self.block_size = block_size
         mc = loaded.config
-        #: the Mamba layers' per-sequence states (None: the model has none), before the KV pool is sized
-        self.states = StatePool(mc.mamba, sum(map(mc.is_mamba, range(mc.num_layers))), max_num_seqs,
-                                self.device) if mc.mamba is not None else None
+        #: the recurrent layers' per-sequence states (None: the model has none), before the KV pool is sized
+        self.states = StatePool(mc.state_shape, sum(map(mc.is_recurrent, range(mc.num_layers))), max_num_seqs,
+                                self.device, block_size) if mc.state_shape is not None else None
         if self.states is not None:
-            log.info("recurrent state: %.1f MiB per sequence, %d slots (max_num_seqs)",
-                     self.states.bytes_per_sequence / 2**20, max_num_seqs)
+            log.info("recurrent state: %.1f MiB per sequence, %d slots (max_num_seqs), its boundary copies "
+                     "and as many snapshots for the prefix cache: %.1f MiB in all",
+                     self.states.bytes_per_sequence / 2**20, max_num_seqs,
+                     4 * max_num_seqs * self.states.bytes_per_sequence / 2**20)
         tokens = kv_cache_tokens if kv_cache_tokens is not None else \
             min(self._kv_budget_bytes() // self.kv_bytes_per_token(), max_num_seqs * max_model_len)
         self.group = loaded.tensor_group
@@ -128,10 +130,11 @@ class ModelRunner:
             return 1
         return self.group.threads if self.group is not None else None
 
-    def release(self, seq_id: int) -> None:
-        """An ended sequence's recurrent state slot back to the pool (where the model has states)."""
+    def release(self, seq_id: int, tokens: list[int] | None = None) -> None:
+        """An ended sequence's recurrent state slot back to the pool, its snapshots kept given its
+        tokens (where the model has states)."""
         if self.states is not None:
-            self.states.release(seq_id)
+            self.states.release(seq_id, tokens)
 
     def kv_bytes_per_token(self) -> int:
         mc = self.loaded.config
