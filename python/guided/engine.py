@@ -26,8 +26,8 @@ from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper,
                         token_bytes)
 
 log = logging.getLogger("guided.engine")
-NO_DRAFTS_WITH_STATE = ("speculative=True: this model's Mamba layers keep a state per sequence that a refused "
-                        "draft would change; speculative decoding is not supported for it")
+NO_DRAFTS_WITH_STATE = ("speculative=True: this model's recurrent layers keep a state per sequence that a "
+                        "refused draft would change; speculative decoding is not supported for it")
 
 
 class RequestGrammar(Protocol):
@@ -117,7 +117,7 @@ class Engine:
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len, config.cpu_step)
-        #: a state per sequence (Mamba layers): prefix-cache hits only at its snapshots, no draft refused
+        #: a state per sequence (Mamba-2, DeltaNet): prefix-cache hits only at its snapshots, no drafts
         self.recurrent = self.runner.states is not None
         if self.recurrent and config.speculative:
             raise ValueError(NO_DRAFTS_WITH_STATE)

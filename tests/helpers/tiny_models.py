@@ -141,6 +141,13 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128, position_embedding_type="nope",
         mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
         embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
+    # Qwen3.5: Gated DeltaNet layers (2 key heads of 16 shared by 4 value heads of 16, 4 taps) around a
+    # gated attention layer with a quarter of each head rotating; (1 + w) norms
+    "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**_tiny(tie_word_embeddings=True, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                   "partial_rotary_factor": 0.25})),
     # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
     "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
         tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),

@@ -40,22 +40,16 @@ What each field means:
   config.json and the fields read so far, ``read_gguf`` a getter of the
   architecture's metadata keys and the fields read so far.
 
-A layer of ``layer_types`` "conv" (LFM2) mixes tokens with a gated short
-convolution instead of attention (model/short_conv.py): its cache holds each
-token's convolution input in the paged blocks, so it needs no state of its own.
-
-A "mamba" layer (Granite 4.0-H) is a Mamba-2 mixer (model/mamba.py): its
-convolution's inputs are cached per token like LFM2's, and its state lives in
-a pool of one slot per running sequence, snapshots of it serving the prefix
-cache (model/state_pool.py).
-
-Out of scope: Nemotron-H's and Falcon-H1's Mamba-2 blocks (layers without an
-MLP, parallel mixers), Qwen3.5's Gated DeltaNet ("linear" layers of other
-architectures are refused).
-
-A row with a ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends
-with multi-head latent attention (model/latent_attention.py): its cache holds
-each token's latent and rotary key, one entry for all heads.
+Layers other than attention, by ``layer_types``: "conv" (LFM2), a gated short
+convolution whose inputs the paged cache holds per token (model/short_conv.py);
+"mamba" (Granite 4.0-H) and "delta" (Qwen3.5, whose attention layers also gate
+their output: ``attention_gate``), Mamba-2 and Gated DeltaNet mixers
+(model/mamba.py, delta_net.py) whose state lives in a slot per sequence,
+snapshots of it serving the prefix cache (model/state_pool.py). A row with a
+``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends with
+multi-head latent attention (model/latent_attention.py). Out of scope:
+Nemotron-H's and Falcon-H1's blocks, Qwen3-Next's experts ("linear" layers of
+other architectures are refused).
 """
 from __future__ import annotations
 
@@ -63,7 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .layer_kinds import LatentConfig, MambaConfig, MoEConfig
+from .layer_kinds import DeltaNetConfig, LatentConfig, MambaConfig, MoEConfig
 
 
 def _none(*_) -> dict[str, Any]:
@@ -87,6 +81,8 @@ class Architecture:
     gguf_permuted_qk: bool = False
     sliding_everywhere: bool = False
     sinks: bool = False
+    #: attention's output is gated per channel by σ of a second half of each query head (Qwen3.5)
+    attention_gate: bool = False
     hf_experts: str = "concat"
     #: llama.cpp names whose role differs for this architecture (GLM-4.5's MLP input norm is its
     #: "post_attention_norm"), as (the usual role, this architecture's role)
@@ -250,6 +246,15 @@ def _lfm2_gguf(get, base: dict) -> dict[str, Any]:
             "num_kv_heads": int(max(kv)), "conv_kernel": int(get("shortconv.l_cache"))}
 
 
+def _qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # Gated DeltaNet layers (config.json's "linear_attention") between gated attention layers
+    types = tuple("delta" if t == "linear" else t for t in base.get("layer_types") or ())
+    delta = DeltaNetConfig(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
+                           cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]) if "delta" in types else None
+    return {"layer_types": types or None, "delta": delta,
+            "rope_layers": tuple(None if t == "delta" else "global" for t in types) or None}
+
+
 def _alternating(n: int) -> tuple[str, ...]:
     """Every other layer slides, the first among them (gpt-oss, and llama.cpp's gemma2)."""
     return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
@@ -397,6 +402,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  interleaved_rope=True, read_hf=_cohere2_hf, read_gguf=_cohere2_gguf),
     Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), output_bias=False,
                  read_hf=_deepseek_v3_hf),
+    Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), qk_norm="head",
+                 norm_offset=1.0, attention_gate=True, read_hf=_qwen3_5_hf),
     Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),

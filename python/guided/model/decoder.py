@@ -20,6 +20,7 @@ from torch import nn
 from .attention import AttentionMetadata, AttentionPlan, Scores, paged_attention, write_kv
 from .config import ModelConfig
 from .latent_attention import LatentAttention
+from .delta_net import DeltaNet
 from .mamba import Mamba2
 from .moe import MoE
 from .rope import RotaryTable, apply_rotary, inverse_frequencies
@@ -90,23 +91,33 @@ class DecoderLayer(nn.Module):
         #: Granite 4.0-H's Mamba-2 layers (its state in the runner's StatePool, row `mamba.index`)
         self.mamba = Mamba2(c.mamba, sum(map(c.is_recurrent, range(index))), c.rms_norm_eps) \
             if c.is_mamba(index) else None
+        #: Qwen3.5's Gated DeltaNet layers (their state in the StatePool too)
+        self.delta = DeltaNet(c.delta, sum(map(c.is_recurrent, range(index))), c.rms_norm_eps) \
+            if c.layer_types[index] == "delta" else None
+        #: Qwen3.5: attention's output times σ(gate), the gate a second half of each query head
+        self.output_gate = arch.attention_gate
         if self.mamba is not None:
             m = c.mamba
             self.mamba_in_proj = _linear(c.hidden_size, m.inner + m.conv_dim + m.heads, m.proj_bias)
             self.mamba_out_proj = _linear(m.inner, c.hidden_size, m.proj_bias)
+        elif self.delta is not None:
+            d = c.delta
+            self.delta_in_proj = _linear(c.hidden_size, d.conv_dim + d.value_dim + 2 * d.v_heads, False)
+            self.delta_out_proj = _linear(d.value_dim, c.hidden_size, False)
         elif self.conv is not None:
             self.conv_in_proj = _linear(c.hidden_size, 3 * c.hidden_size, c.conv_bias)
             self.conv_out_proj = _linear(c.hidden_size, c.hidden_size, c.conv_bias)
         elif self.mla is not None:
             self.o_proj = _linear(c.num_heads * c.latent.v_dim, c.hidden_size, c.output_bias)
         else:
-            self.qkv_proj = _linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias)
+            q_width = self.q_size * (2 if self.output_gate else 1)
+            self.qkv_proj = _linear(c.hidden_size, q_width + 2 * self.kv_size, c.attention_bias)
             self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
         #: gpt-oss: per head, a logit that joins the attention softmax (loaded as `layers.N.sinks`)
         self.sinks = nn.Parameter(torch.empty(c.num_heads, device="meta"), requires_grad=False) \
             if arch.sinks else None
         self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
-        if c.qk_norm and self.conv is None and self.mla is None and self.mamba is None:
+        if c.qk_norm and self.conv is None and self.mla is None and self.mamba is None and self.delta is None:
             head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
@@ -133,6 +144,9 @@ class DecoderLayer(nn.Module):
         if self.mamba is not None:
             mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
             h = self.mamba_out_proj(mixed)
+        elif self.delta is not None:
+            mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
+            h = self.delta_out_proj(mixed)
         elif self.conv is not None:
             mixed = self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots)
             h = self.conv_out_proj(mixed)
@@ -154,7 +168,12 @@ class DecoderLayer(nn.Module):
 
     def _attention(self, x, rotary, kv_cache: KVCache, plan: AttentionPlan) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size * (2 if self.output_gate else 1), self.kv_size, self.kv_size],
+                                         dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = q.reshape(t, self.q_size), gate.reshape(t, self.q_size)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -169,7 +188,8 @@ class DecoderLayer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, plan)
-        return paged_attention(q, k_cache, v_cache, plan, self.scores, self.sinks)
+        out = paged_attention(q, k_cache, v_cache, plan, self.scores, self.sinks)
+        return out if gate is None else out * torch.sigmoid(gate)
 
 
 class CausalLM(nn.Module):
@@ -211,7 +231,8 @@ class CausalLM(nn.Module):
             table.ensure(attn.max_context_len)
             rotary[kind] = table.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device, head_dim=self.config.head_dim)
-        back = max(self.config.conv_kernel, self.config.mamba.conv_kernel if self.config.mamba else 0) - 1
+        c = self.config
+        back = max(c.conv_kernel, c.mamba.conv_kernel if c.mamba else 0, c.delta.conv_kernel if c.delta else 0) - 1
         conv_slots = previous_slots(attn, positions, back) if back > 0 else None
         x = self._embed(input_ids)
         if self.config.embedding_multiplier != 1.0:
@@ -260,6 +281,8 @@ def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> 
         return (1, config.hidden_size), (1, 0)
     if config.is_mamba(layer):
         return (1, config.mamba.conv_dim), (1, 0)
+    if config.layer_types[layer] == "delta":
+        return (1, config.delta.conv_dim), (1, 0)
     if config.latent is not None:
         return (1, config.head_dim), (1, 0)
     kv = (num_kv_heads or config.num_kv_heads, config.head_dim)

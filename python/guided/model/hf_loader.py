@@ -86,7 +86,7 @@ def _tensors(handles, dtype: torch.dtype) -> list[tuple[str, Callable[[], torch.
 #: where a multimodal checkpoint keeps its text model's tensors (Mistral 3, Gemma 3; transformers 5
 #: saves "model.language_model.", earlier versions "language_model.model.")
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
-_NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_emb.")
+_NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_emb.", "visual.", "mtp.")
 #: HF's per-layer module names that are not ours, by the architecture's norm placement
 _NORMS = {
     "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"},
@@ -107,7 +107,12 @@ _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           "conv.in_proj": "conv_in_proj", "conv.out_proj": "conv_out_proj", "conv.conv": "conv",
           # Granite 4.0-H's Mamba-2 layers
           "mamba.in_proj": "mamba_in_proj", "mamba.out_proj": "mamba_out_proj", "mamba.conv1d": "mamba_conv",
-          "mamba.norm": "mamba_norm"}
+          "mamba.norm": "mamba_norm",
+          # Qwen3.5's Gated DeltaNet layers
+          "linear_attn.in_proj_qkv": "delta_in_qkv", "linear_attn.in_proj_z": "delta_in_z",
+          "linear_attn.in_proj_b": "delta_in_b", "linear_attn.in_proj_a": "delta_in_a",
+          "linear_attn.conv1d": "delta_conv", "linear_attn.norm": "delta_norm",
+          "linear_attn.out_proj": "delta_out_proj"}
 #: top-level tensors under another name (LFM2's final norm)
 _TOP = {"embedding_norm.weight": "norm.weight"}
 
@@ -158,7 +163,8 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
         w = w.transpose(-1, -2).contiguous()
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.gate_up_bias")):
         return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)
-    if arch.norm_offset and name.endswith("norm.weight"):
+    if arch.norm_offset and name.endswith("norm.weight") and not name.endswith("delta_norm.weight"):
+        # (the DeltaNet's gated norm multiplies by its weight as stored)
         return w.float() + arch.norm_offset
     if arch.interleaved_rope and name.endswith(("q_proj.weight", "q_proj.bias")):
         return unpermute(w, c.num_heads)

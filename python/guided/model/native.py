@@ -62,8 +62,10 @@ def native_decoder(model: nn.Module, device: torch.device, caches) -> NativeStep
         raise NotNative(f"the native step runs on the CPU, not {device}")
     if getattr(model, "tensor_group", None) is not None:
         raise NotNative("a tensor-parallel rank runs decoder.py")
-    if model.config.mamba is not None:
-        raise NotNative("Mamba-2 layers (Granite 4.0-H) have no native step yet")
+    if model.config.mamba is not None or model.config.delta is not None:
+        raise NotNative("recurrent layers (Granite 4.0-H's Mamba-2, Qwen3.5's Gated DeltaNet) have no native step yet")
+    if model.config.arch.attention_gate:
+        raise NotNative("gated attention (Qwen3.5) has no native step yet")
     if model.config.latent is not None:
         raise NotNative("multi-head latent attention (DeepSeek V3, Kimi K2, GLM-4.7-Flash) has no native step yet")
     if _native.quant_kernels() is None:

@@ -17,12 +17,14 @@ _EXPERT_BLOCKS = ("gate_exps", "up_exps", "down_exps")
 LAYER_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
                            "gate_up_proj", "down_proj", "q_norm", "k_norm", "attn_norm", "mlp_norm",
                            "attn_post_norm", "mlp_post_norm", "conv_in_proj", "conv_out_proj", "conv",
-                           "mamba_in_proj", "mamba_out_proj"})
+                           "mamba_in_proj", "mamba_out_proj", "delta_out_proj"})
 #: latent attention's (DeepSeek V3) projections and norms, held by the layer's `mla` module
 MLA_MODULES = frozenset({"q_proj", "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "kv_b_proj"})
-#: a Mamba-2 mixer's convolution and norm, held by the layer's `mamba` module (its dt_bias, A_log and
-#: D come as `layers.N.mamba.<name>`)
-MAMBA_MODULES = {"mamba_conv": "conv", "mamba_norm": "norm"}
+#: a recurrent mixer's convolution and norm, held by the layer's `mamba` or `delta` module
+RECURRENT_MODULES = {"mamba_conv": "mamba.conv", "mamba_norm": "mamba.norm",
+                     "delta_conv": "delta.conv", "delta_norm": "delta.norm"}
+#: ... and its parameters (dt_bias, A_log, D), named `layers.N.<checkpoint's module>.<name>`
+RECURRENT_PARAMETERS = {"mamba": "mamba", "linear_attn": "delta"}
 #: per-layer parameters held by the layer itself, named `layers.N.<name>` (gpt-oss's attention sinks)
 LAYER_PARAMETERS = frozenset({"sinks"})
 
@@ -34,6 +36,7 @@ class WeightSink:
 
     _QKV = ("q_proj", "k_proj", "v_proj")
     _GATE_UP = ("gate_proj", "up_proj")
+    _DELTA_IN = ("delta_in_qkv", "delta_in_z", "delta_in_b", "delta_in_a")
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
         self.config, self.dtype, self.device = config, dtype, device
@@ -60,9 +63,14 @@ class WeightSink:
         if parts[2] == "moe":
             self._add_moe(prefix, parts[3:], tensor)
             return
-        if module in MAMBA_MODULES or module == "mamba":
-            inner = f"{MAMBA_MODULES[module]}." if module in MAMBA_MODULES else ""
-            self.state[f"{prefix}.mamba.{inner}{kind}"] = tensor
+        if module in RECURRENT_MODULES:
+            self.state[f"{prefix}.{RECURRENT_MODULES[module]}.{kind}"] = tensor
+            return
+        if module in RECURRENT_PARAMETERS:
+            self.state[f"{prefix}.{RECURRENT_PARAMETERS[module]}.{kind}"] = tensor
+            return
+        if module in self._DELTA_IN:   # q|k|v, z, b, a: one projection
+            self._collect(f"{prefix}.delta_in_proj.{kind}", self._DELTA_IN, module, tensor)
             return
         if self.config.latent is not None and module in MLA_MODULES:
             self.state[f"{prefix}.mla.{module}.{kind}"] = tensor

@@ -41,9 +41,9 @@ def check_split(config: ModelConfig, size: int, dtype=None) -> None:
     if size > 1 and config.latent is not None:
         raise ValueError(f"{config.architecture}'s latent attention is not split over ranks by tensor "
                          f"parallelism yet; run it with tensor_parallel_size=1")
-    if size > 1 and config.mamba is not None:
-        raise ValueError(f"{config.architecture}'s Mamba-2 layers are not split over ranks by tensor "
-                         f"parallelism yet; run it with tensor_parallel_size=1")
+    if size > 1 and config.state_shape is not None:
+        raise ValueError(f"{config.architecture}'s recurrent layers (Mamba-2, Gated DeltaNet) are not split over "
+                         f"ranks by tensor parallelism yet; run it with tensor_parallel_size=1")
     if size > 1 and "conv" in config.layer_types:
         raise ValueError(f"{config.architecture}'s short-convolution layers are not split over ranks by "
                          f"tensor parallelism yet; run it with tensor_parallel_size=1")

@@ -1,0 +1,80 @@
+"""Qwen3.5's Gated DeltaNet: the token mixer of its "delta" layers.
+
+in_proj gives each token q|k|v (through a causal depthwise convolution of
+`conv_kernel` taps, then SiLU), a gate z, and per value head b and a. With q
+and k L2-normed (q also scaled by 1/√k_dim), β = σ(b) and the decay
+g = −exp(A_log)·softplus(a + dt_bias), each value head carries a state
+S [k_dim, v_dim] through the tokens (the key heads shared by groups of value
+heads):
+
+    S ← exp(g)·S,    S ← S + k ⊗ β·(v − Sᵀk),    o = Sᵀq,
+
+and o leaves through an RMSNorm per head times SiLU(z), and out_proj.
+
+What it keeps between steps is Mamba-2's (mamba.py): the convolution's inputs
+per token in the paged cache, S in a slot of the StatePool (state_pool.py),
+snapshots of it serving the prefix cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layer_kinds import DeltaNetConfig
+from .state_pool import StateStep
+
+
+def _parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+class DeltaNet(nn.Module):
+    """The mixer between in_proj (q|k|v, z, b, a: the layer's) and out_proj (the layer's)."""
+
+    def __init__(self, d: DeltaNetConfig, index: int, eps: float):
+        super().__init__()
+        self.d, self.index, self.eps = d, index, eps
+        self.conv = nn.Module()
+        self.conv.weight = _parameter(d.conv_dim, d.conv_kernel)
+        self.dt_bias, self.A_log = _parameter(d.v_heads), _parameter(d.v_heads)
+        self.norm = nn.Module()
+        self.norm.weight = _parameter(d.v_dim)
+
+    def forward(self, projected: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                previous: torch.Tensor, states: StateStep) -> torch.Tensor:
+        d = self.d
+        qkv, z, b, a = projected.split([d.conv_dim, d.value_dim, d.v_heads, d.v_heads], dim=-1)
+        flat = cache.view(-1, d.conv_dim)
+        flat.index_copy_(0, slots, qkv.to(flat.dtype))
+        back = previous[:, -(d.conv_kernel - 1):]
+        taps = flat[back.clamp(min=0)].to(qkv.dtype) * (back >= 0)[..., None]
+        w = self.conv.weight.to(qkv.dtype)
+        mixed = F.silu(qkv * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)).float()
+        q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
+        t, group = q.shape[0], d.v_heads // d.k_heads
+        q = F.normalize(q.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6).repeat_interleave(group, dim=1)
+        k = F.normalize(k.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6).repeat_interleave(group, dim=1)
+        beta = torch.sigmoid(b.float())
+        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
+        o = self._scan(q * d.k_dim ** -0.5, k, v.view(t, d.v_heads, d.v_dim), beta, g, states)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.weight.float()
+        return (o * F.silu(z.float().view(t, d.v_heads, d.v_dim))).flatten(-2).to(projected.dtype)
+
+    def _scan(self, q, k, v, beta, g, s: StateStep) -> torch.Tensor:
+        """The delta rule over each sequence's rows, sequences side by side."""
+        pool = s.pool.states[self.index]
+        state = pool.index_select(0, s.slots) * (~s.fresh)[:, None, None, None]
+        o = torch.empty_like(v)
+        for step in range(int(s.counts.max())):
+            live = (s.counts > step).nonzero().squeeze(1)
+            rows = s.starts[live] + step
+            st = state[live] * torch.exp(g[rows])[..., None, None]                   # [b, H, K, V]
+            kr = k[rows]
+            delta = (v[rows] - (st * kr[..., None]).sum(-2)) * beta[rows][..., None]
+            st = st + kr[..., None] * delta[..., None, :]
+            o[rows] = (st * q[rows][..., None]).sum(-2)
+            state[live] = st
+            s.pool.capture(self.index, s, live, step, st)
+        pool.index_copy_(0, s.slots, state)
+        return o
