@@ -2,12 +2,12 @@
 random models (tests/helpers/tiny_models.py), same prompts and machine, in one
 run: decode throughput at batch 1 and 16, and what each keeps per sequence.
 
-    python benches/bench_hybrid.py [--archs lfm2 granitemoehybrid_mamba deepseek_v3]
-                                   [--new-tokens 64] [--batches 1 16]
+    python benches/bench_hybrid.py [--archs lfm2 granitemoehybrid_mamba qwen3_5 deepseek_v3]
+                                   [--new-tokens 256] [--batches 1 16]
 
 Both engines run float32 weights greedily with end tokens ignored; decode
 throughput is (batch × (new_tokens − 1)) / (time for new_tokens − time for one
-token), best of three. guided runs its CPU default for float32 weights (the
+token), each the best of three. guided runs its CPU default for float32 weights (the
 torch step); LFM2 also as a Q8_0 GGUF on the native step. Per architecture it
 prints the KV cache bytes per token, the recurrent state bytes per sequence
 (Mamba-2's slot; LFM2 keeps none: its convolution inputs are per token) and
@@ -47,15 +47,16 @@ def _hf_time(hf, prompts: list[list[int]], n: int) -> float:
 
 
 def decode_rate(run, prompts, n: int) -> float:
-    """tokens/s of decode: the time for n tokens less the time for one, best of three."""
-    best = min(run(prompts, n) - run(prompts, 1) for _ in range(3))
-    return len(prompts) * (n - 1) / best
+    """tokens/s of decode: the time for n tokens less the time for one, each the best of three."""
+    run(prompts, 2)   # warm-up
+    full, first = (min(run(prompts, k) for _ in range(3)) for k in (n, 1))
+    return len(prompts) * (n - 1) / (full - first)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--archs", nargs="+", default=["lfm2", "granitemoehybrid_mamba", "deepseek_v3"])
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--archs", nargs="+", default=["lfm2", "granitemoehybrid_mamba", "qwen3_5", "deepseek_v3"])
+    ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
