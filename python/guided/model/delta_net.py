@@ -63,18 +63,14 @@ class DeltaNet(nn.Module):
 
     def _scan(self, q, k, v, beta, g, s: StateStep) -> torch.Tensor:
         """The delta rule over each sequence's rows, sequences side by side."""
-        pool = s.pool.states[self.index]
-        state = pool.index_select(0, s.slots) * (~s.fresh)[:, None, None, None]
         o = torch.empty_like(v)
-        for step in range(int(s.counts.max())):
-            live = (s.counts > step).nonzero().squeeze(1)
-            rows = s.starts[live] + step
-            st = state[live] * torch.exp(g[rows])[..., None, None]                   # [b, H, K, V]
+
+        def update(rows, st):
+            st = st * torch.exp(g[rows])[..., None, None]                             # [b, H, K, V]
             kr = k[rows]
             delta = (v[rows] - (st * kr[..., None]).sum(-2)) * beta[rows][..., None]
             st = st + kr[..., None] * delta[..., None, :]
             o[rows] = (st * q[rows][..., None]).sum(-2)
-            state[live] = st
-            s.pool.capture(self.index, s, live, step, st)
-        pool.index_copy_(0, s.slots, state)
+            return st
+        s.pool.carry(self.index, s, update)
         return o

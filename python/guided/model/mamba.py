@@ -90,17 +90,13 @@ class Mamba2(nn.Module):
         b = b.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)   # [T, H, N]
         c = c.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)
         a = -torch.exp(self.A_log.float())
-        pool = s.pool.states[self.index]
-        state = pool.index_select(0, s.slots) * (~s.fresh)[:, None, None, None]
         y = torch.empty_like(x)
-        for k in range(int(s.counts.max())):
-            live = (s.counts > k).nonzero().squeeze(1)
-            rows = s.starts[live] + k
+
+        def update(rows, st):
             d = dt[rows]                                                          # [b, H]
             xb = (d[..., None] * x[rows])[..., None] * b[rows][:, :, None]               # dt·x ⊗ B
-            st = state[live] * torch.exp(d * a)[..., None, None] + xb
+            st = st * torch.exp(d * a)[..., None, None] + xb
             y[rows] = (st @ c[rows][..., None]).squeeze(-1) + self.D.float()[:, None] * x[rows]
-            state[live] = st
-            s.pool.capture(self.index, s, live, k, st)   # the state at a block boundary, for the snapshots
-        pool.index_copy_(0, s.slots, state)
+            return st
+        s.pool.carry(self.index, s, update)
         return y

@@ -134,13 +134,21 @@ class StatePool:
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
         return StateStep(t(slots), t(starts), t(counts), t(first == 0), t(capture_end), t(capture_prompt), self)
 
-    def capture(self, layer: int, s: StateStep, live: torch.Tensor, row: int, state: torch.Tensor) -> None:
-        """After row `row` of each live sequence (`state`: theirs, in `live`'s order), copy the
-        states of those at a boundary this step captures (StateStep.capture_*)."""
-        for capture, copies in ((s.capture_end, self.at_end), (s.capture_prompt, self.at_prompt)):
-            hit = capture[live] == row
-            if hit.any():
-                copies[layer].index_copy_(0, s.slots[live][hit], state[hit])
+    def carry(self, layer: int, s: StateStep, update) -> None:
+        """Carry the step's sequences' states of recurrent layer `layer` through their rows,
+        sequences side by side: `update(rows, states)` takes the k-th rows of the sequences that
+        have one and their states, and returns the states after them. The states at the block
+        boundaries the step captures are copied for the snapshots."""
+        pool = self.states[layer]
+        state = pool.index_select(0, s.slots) * (~s.fresh).view(-1, *(1,) * (pool.dim() - 1))
+        for k in range(int(s.counts.max())):
+            live = (s.counts > k).nonzero().squeeze(1)
+            state[live] = after = update(s.starts[live] + k, state[live])
+            for capture, copies in ((s.capture_end, self.at_end), (s.capture_prompt, self.at_prompt)):
+                hit = capture[live] == k
+                if hit.any():
+                    copies[layer].index_copy_(0, s.slots[live][hit], after[hit])
+        pool.index_copy_(0, s.slots, state)
 
     # -- internals ------------------------------------------------------------------------
 
