@@ -225,6 +225,49 @@ def _lfm2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Te
     yield name, t.squeeze(1) if "conv.conv" in name else t
 
 
+def _deepseek2(w, h):
+    """DeepseekV2Model (DeepSeek V3, Kimi K2): latent attention written as MQA with one KV head whose
+    key is the cache entry (kv_lora_rank + rope) and whose value the latent, the per-head sizes under
+    *_mla; the experts' keys; YaRN's log multiplier 0.1 · mscale_all_dim."""
+    c = h.c
+    c["num_key_value_heads"] = 1
+    _base(w, h)
+    lora, rope = c["kv_lora_rank"], c["qk_rope_head_dim"]
+    w.add_leading_dense_block_count(c.get("first_k_dense_replace") or 0)
+    w.add_vocab_size(c["vocab_size"])
+    if c.get("q_lora_rank"):
+        w.add_q_lora_rank(c["q_lora_rank"])
+    w.add_kv_lora_rank(lora)
+    w.add_key_length(lora + rope)
+    w.add_value_length(lora)
+    w.add_key_length_mla(c["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(c["v_head_dim"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_shared_count(c.get("n_shared_experts") or 0)
+    if c.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(c["routed_scaling_factor"])
+    if c.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope)
+    if (m := h.rope_full.get("mscale_all_dim")) is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * m)
+
+
+def _deepseek2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """DeepseekV2Model.modify_tensors: kv_b_proj split per head into k_b (transposed: [heads,
+    kv_lora_rank, nope]) and v_b ([heads, v, kv_lora_rank]), as MLA's absorbed form reads them
+    (the converter splits before it sets the one KV head, so by the attention heads)."""
+    if name.endswith("kv_b_proj.weight"):
+        c = h.c
+        kv = t.view(c["num_attention_heads"], c["qk_nope_head_dim"] + c["v_head_dim"], t.shape[-1])
+        k_b, v_b = kv.split([c["qk_nope_head_dim"], c["v_head_dim"]], dim=1)
+        yield name.replace("kv_b_proj", "k_b_proj"), k_b.transpose(1, 2).contiguous()
+        yield name.replace("kv_b_proj", "v_b_proj"), v_b.contiguous()
+        return
+    yield name, t
+
+
 def _mamba2_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
     """Mamba2Model.modify_tensors (GraniteHybridModel's Mamba layers): the Conv1d squeezed to 2-D,
     A_log written as A = −exp(A_log) and D, both as [heads, 1], the gated norm as [groups, inner /
@@ -471,6 +514,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "glm4_moe": Arch("glm4moe", _glm4_moe),
     "gpt_oss": Arch("gpt-oss", _gpt_oss, modify=_gpt_oss_tensors),
     "lfm2": Arch("lfm2", _lfm2, modify=_lfm2_tensors),
+    "deepseek_v3": Arch("deepseek2", _deepseek2, modify=_deepseek2_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",

@@ -179,12 +179,13 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "cohere2": lambda: transformers.Cohere2Config(**_tiny(head_dim=None, num_hidden_layers=4, tie_word_embeddings=True,
         sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"], logit_scale=0.25)),
     # multi-head latent attention (queries through a rank-32 bottleneck, a 32-wide latent and an 8-wide
-    # rotary key per token, pairs interleaved), YaRN with DeepSeek's mscale pair, grouped sigmoid experts
+    # rotary key per token, pairs interleaved; 32-wide nope parts, so llama.cpp's per-head k_b rows block
+    # in Q8_0), YaRN with DeepSeek's mscale pair, grouped sigmoid experts (the Hub config's scoring_func)
     # with a shared one after a dense first layer
     "deepseek_v3": lambda: transformers.DeepseekV3Config(**_tiny(head_dim=None, num_key_value_heads=4,
-        tie_word_embeddings=False, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        tie_word_embeddings=False, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=8,
         v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
-        moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5, scoring_func="sigmoid",
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                          "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "original_max_position_embeddings": 128})),

@@ -55,7 +55,7 @@ ARCHS = list(ARCHITECTURES)
 #: LlamaModel), so that GGUF attends to everything, as llama.cpp itself does
 NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window",
            # llama.cpp's deepseek2 files split kv_b_proj into per-head k_b/v_b tensors the loader does not read yet
-           "deepseek_v3": "no deepseek2 GGUF reader yet", "glm4_moe_lite": "no deepseek2 GGUF reader yet",
+           "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
            "qwen3_5": "no reader yet for llama.cpp's qwen35 tensors"}
 
 
@@ -124,15 +124,26 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
     `names`: only the parameters whose names end so."""
     rounded = copy.deepcopy(hf)
     transposed = hf.config.model_type in _TRANSPOSED_IN
+    c = hf.config
+
+    def round_rows(rows: torch.Tensor) -> None:
+        q = gguf.quants.quantize(rows.contiguous().numpy(), qtype)
+        rows.copy_(torch.from_numpy(gguf.quants.dequantize(q, qtype)))
     with torch.no_grad():
         for name, p in rounded.named_parameters():
+            if name.endswith("kv_b_proj.weight") and names is None:
+                # DeepSeek's kv_b as the GGUF holds it: k_b's rows along each head's nope part, v_b's
+                # along the latent
+                kv = p.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
+                round_rows(kv[:, :c.qk_nope_head_dim].transpose(1, 2))
+                round_rows(kv[:, c.qk_nope_head_dim:])
+                continue
             rows = p.transpose(-1, -2) if transposed and name.endswith(_TRANSPOSED) else p
             if p.dim() < 2 or rows.shape[-1] % 32 or name.endswith(("mlp.gate.weight", "mlp.router.weight", "_bias")):
                 continue
             if names is not None and not name.endswith(names):
                 continue
-            q = gguf.quants.quantize(rows.contiguous().numpy(), qtype)
-            rows.copy_(torch.from_numpy(gguf.quants.dequantize(q, qtype)))
+            round_rows(rows)
     return rounded
 
 

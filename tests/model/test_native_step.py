@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
                                 reason="the native step needs this CPU's build of the kernels (AVX2)")
 
 #: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF)
-NO_GGUF = {"mistral_swa", "deepseek_v3", "glm4_moe_lite", "qwen3_5"}
+NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5"}
 #: what the native step refuses by name (the torch step runs them)
 NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention",
               "granitemoehybrid_mamba": "recurrent layers", "qwen3_5": "recurrent layers"}

@@ -38,7 +38,8 @@ What each field means:
 - ``read_hf`` / ``read_gguf``: the architecture's own numbers (multipliers,
   soft-caps, which layers rotate) as ModelConfig fields; ``read_hf`` gets the
   config.json and the fields read so far, ``read_gguf`` a getter of the
-  architecture's metadata keys and the fields read so far.
+  architecture's metadata keys and the fields read so far (the readers of
+  experts and latent attention are in moe_readers.py).
 
 Layers other than attention, by ``layer_types``: "conv" (LFM2), a gated short
 convolution whose inputs the paged cache holds per token (model/short_conv.py);
@@ -57,7 +58,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .layer_kinds import DeltaNetConfig, LatentConfig, MambaConfig, MoEConfig
+from .layer_kinds import DeltaNetConfig, MambaConfig
+from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
+                          gpt_oss_hf, qwen3_moe_gguf, qwen3_moe_hf)
 
 
 def _none(*_) -> dict[str, Any]:
@@ -255,15 +258,10 @@ def _qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
             "rope_layers": tuple(None if t == "delta" else "global" for t in types) or None}
 
 
-def _alternating(n: int) -> tuple[str, ...]:
-    """Every other layer slides, the first among them (gpt-oss, and llama.cpp's gemma2)."""
-    return tuple("sliding" if i % 2 == 0 else "full" for i in range(n))
-
-
 def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every other layer slides, the first among them
     n = int(get("block_count"))
-    return {**_gemma_gguf(get, base), "layer_types": _alternating(n)}
+    return {**_gemma_gguf(get, base), "layer_types": alternating(n)}
 
 
 def _gemma3_gguf(get, base: dict) -> dict[str, Any]:
@@ -279,94 +277,6 @@ def _gemma_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp scales queries by head_dim ** -0.5 (its converter keeps no query_pre_attn_scalar)
     return {"embedding_multiplier": math.sqrt(base["hidden_size"]), "attention_scale": base["head_dim"] ** -0.5,
             "attn_softcap": get("attn_logit_softcapping"), "final_softcap": get("final_logit_softcapping")}
-
-
-def _qwen3_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    n, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step") or 1
-    only = set(cfg.get("mlp_only_layers") or ())
-    dense = tuple(i in only or (i + 1) % step != 0 for i in range(n))
-    experts = cfg.get("num_experts") or cfg["num_local_experts"]   # the Hub's name, transformers 5's
-    return {"moe": MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
-                             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), dense_layers=dense)}
-
-
-def _grouped_sigmoid_moe(cfg: dict) -> MoEConfig:
-    """GLM-4.5's and DeepSeek V3's experts: sigmoid scores with a selection bias, chosen from the
-    best groups, a shared expert; dense MLPs in the first `first_k_dense_replace` layers (or where
-    GLM-4.7-Flash's mlp_layer_types says "dense")."""
-    n, first = cfg["num_hidden_layers"], cfg.get("first_k_dense_replace") or 0
-    kinds = cfg.get("mlp_layer_types")
-    experts = cfg.get("n_routed_experts") or cfg["num_local_experts"]
-    return MoEConfig(experts, cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
-                     scoring="sigmoid", norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-                     routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
-                     num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1,
-                     shared_intermediate_size=cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0),
-                     dense_layers=tuple(k == "dense" for k in kinds) if kinds else tuple(i < first for i in range(n)))
-
-
-def _glm4_moe_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    return {"moe": _grouped_sigmoid_moe(cfg), "qk_norm": "head" if cfg.get("use_qk_norm") else None}
-
-
-def _deepseek_v3_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    latent = LatentConfig(cfg.get("q_lora_rank") or 0, cfg["kv_lora_rank"], cfg["qk_nope_head_dim"],
-                          cfg["qk_rope_head_dim"], cfg["v_head_dim"], bool(cfg.get("rope_interleave", True)))
-    # the softmax scale over the whole query head, times YaRN's mscale² where the config gives mscale_all_dim
-    scale = (latent.nope_dim + latent.rope_dim) ** -0.5
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default" and rope.get("mscale_all_dim"):
-        factor = float(rope["factor"])
-        mscale = 0.1 * float(rope["mscale_all_dim"]) * math.log(factor) + 1.0 if factor > 1 else 1.0
-        scale *= mscale * mscale
-    return {"moe": _grouped_sigmoid_moe(cfg), "latent": latent, "attention_scale": scale,
-            # the cache's one "head" is a token's entry; the rotary table is the rotary part's
-            "num_kv_heads": 1, "head_dim": latent.kv_lora_rank + latent.rope_dim, "rotary_dim": latent.rope_dim}
-
-
-def _qwen3_moe_gguf(get, base: dict) -> dict[str, Any]:
-    n = int(get("block_count"))
-    return {"moe": MoEConfig(int(get("expert_count")), int(get("expert_used_count")),
-                             int(get("expert_feed_forward_length")), dense_layers=(False,) * n)}
-
-
-def _glm4_moe_gguf(get, base: dict) -> dict[str, Any]:
-    # the file also holds the multi-token-prediction layer(s) after the last one: not run
-    n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
-    first, shared = int(get("leading_dense_block_count", 0)), int(get("expert_shared_count", 0))
-    width = int(get("expert_feed_forward_length"))
-    return {"num_layers": n,
-            "moe": MoEConfig(int(get("expert_count")), int(get("expert_used_count")), width, scoring="sigmoid",
-                             norm_topk_prob=bool(get("expert_weights_norm", True)),
-                             routed_scaling=float(get("expert_weights_scale", 1.0)),
-                             num_groups=int(get("expert_group_count", 1)),
-                             topk_groups=int(get("expert_group_used_count", 1)),
-                             shared_intermediate_size=width * shared,
-                             dense_layers=tuple(i < first for i in range(n)))}
-
-
-def _gpt_oss_moe(experts: int, used: int, width: int, n: int) -> MoEConfig:
-    return MoEConfig(experts, used, width, scoring="softmax_topk", norm_topk_prob=False,
-                     router_linear_bias=True, expert_bias=True, dense_layers=(False,) * n)
-
-
-def _gpt_oss_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    n = cfg["num_hidden_layers"]
-    out = {"moe": _gpt_oss_moe(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"], n),
-           "swiglu_alpha": float(cfg.get("swiglu_alpha") or 1.702),
-           "swiglu_limit": float(cfg.get("swiglu_limit") or 7.0)}
-    if not cfg.get("layer_types") and cfg.get("sliding_window"):   # GptOssConfig's default pattern
-        out.update(layer_types=_alternating(n), sliding_window=cfg["sliding_window"])
-    return out
-
-
-def _gpt_oss_gguf(get, base: dict) -> dict[str, Any]:
-    # llama.cpp: every other layer slides (its swa pattern 2); the clamped SwiGLU's α and limit are
-    # its constants 1.702 and 7.0, ModelConfig's defaults
-    n = int(get("block_count"))
-    return {"layer_types": _alternating(n),
-            "moe": _gpt_oss_moe(int(get("expert_count")), int(get("expert_used_count")),
-                                int(get("expert_feed_forward_length")), n)}
 
 
 # ---------------------------------------------------------------- the table
@@ -391,17 +301,17 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan-dense",), qk_norm="head",
                  qk_norm_after_rope=True, read_hf=_hunyuan_hf),
     Architecture("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), qk_norm="head",
-                 read_hf=_qwen3_moe_hf, read_gguf=_qwen3_moe_gguf),
+                 read_hf=qwen3_moe_hf, read_gguf=qwen3_moe_gguf),
     Architecture("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4moe",), output_bias=False,
                  gguf_roles=(("attn_post_norm", "mlp_norm"),),
-                 read_hf=_glm4_moe_hf, read_gguf=_glm4_moe_gguf),
+                 read_hf=glm4_moe_hf, read_gguf=glm4_moe_gguf),
     Architecture("gpt_oss", ("GptOssForCausalLM",), ("gpt-oss",), activation="swiglu_oai", sinks=True,
                  hf_experts="interleaved", gguf_roles=(("attn_post_norm", "mlp_norm"),),
-                 read_hf=_gpt_oss_hf, read_gguf=_gpt_oss_gguf),
+                 read_hf=gpt_oss_hf, read_gguf=gpt_oss_gguf),
     Architecture("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), norms="parallel", norm_kind="layer",
                  interleaved_rope=True, read_hf=_cohere2_hf, read_gguf=_cohere2_gguf),
-    Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), output_bias=False,
-                 read_hf=_deepseek_v3_hf),
+    Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), ("deepseek2",), output_bias=False,
+                 read_hf=deepseek_v3_hf, read_gguf=deepseek2_gguf),
     Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), qk_norm="head",
                  norm_offset=1.0, attention_gate=True, read_hf=_qwen3_5_hf),
     Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),

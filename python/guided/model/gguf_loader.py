@@ -21,7 +21,11 @@ _BLOCK = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "sel
           "attn_v": "self_attn.v_proj", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
           "post_attention_norm": "attn_post_norm", "ffn_norm": "mlp_norm", "post_ffw_norm": "mlp_post_norm",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+          # DeepSeek's latent attention (deepseek2), kv_b_proj written as per-head k_b and v_b
+          "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_norm", "attn_q_b": "self_attn.q_b_proj",
+          "attn_kv_a_mqa": "self_attn.kv_a_proj", "attn_kv_a_norm": "self_attn.kv_a_norm",
+          "attn_k_b": "self_attn.k_b_proj", "attn_v_b": "self_attn.v_b_proj"}
 # LFM2's short convolution: blk.N.shortconv.<part>.weight
 _SHORTCONV = {"in_proj": "conv_in_proj", "out_proj": "conv_out_proj", "conv": "conv"}
 # Granite 4.0-H's Mamba-2 layers, by llama.cpp's name and suffix (ssm_a and ssm_d have none)
@@ -75,6 +79,19 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+def latent_halves(name: str, w: torch.Tensor, c: ModelConfig) -> torch.Tensor:
+    """DeepSeek's rotary parts (each query head's last rope_dim rows, and the shared key's last
+    rows of kv_a_proj) rotate in pairs, in HF checkpoints and llama.cpp's GGUFs alike; ours in
+    halves, as Ernie's (unpermute). Rows move whole: a quantized tensor's rows of blocks too."""
+    m = c.latent
+    if name.endswith("kv_a_proj.weight"):
+        return torch.cat([w[:m.kv_lora_rank], unpermute(w[m.kv_lora_rank:], 1)])
+    heads = w.view(c.num_heads, m.nope_dim + m.rope_dim, -1)
+    rot = unpermute(heads[:, m.nope_dim:].reshape(c.num_heads * m.rope_dim, -1), c.num_heads)
+    return torch.cat([heads[:, :m.nope_dim], rot.view(c.num_heads, m.rope_dim, -1)], dim=1).reshape(w.shape)
+
+
+
 def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bool = False):
     """With `quantized`, the linear layers' weights stay in their GGUF block
     formats (QuantLinear) where ggml has a CPU kernel for the format; all else
@@ -87,6 +104,7 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     # Q/K rows that rotate in pairs: llama.cpp's converter interleaved them, or the model was made so
     permuted = config.arch.gguf_permuted_qk or config.arch.interleaved_rope
     _from_tensors(config, md, {info.name: info for info in gguf.tensors}, gguf)
+    halves = {}   # per layer, DeepSeek's k_b and v_b until both are in
     for info in tqdm(gguf.tensors, desc="loading weights", unit="tensor", leave=False):
         if info.name == "rope_freqs.weight":
             freq_factors = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
@@ -98,6 +116,9 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             name = name.replace(f".{usual}.", f".{role}.")
         if name.endswith("up_proj.weight") and info.shape[0] == 2 * config.intermediate_size:
             name = name.replace("up_proj", "gate_up_proj")   # Phi-3's gate and up, fused as in its checkpoint
+        if name.endswith(("k_b_proj.weight", "v_b_proj.weight")):
+            _kv_b(sink, halves, name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
+            continue
         keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
         if keep_blocks and name == "embed_tokens.weight":
             sink.tied_head = _quant_weight(gguf, info)  # the lm_head when the embeddings are tied
@@ -109,10 +130,25 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             blocks = unpermute(blocks, config.num_heads)
         elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             blocks = unpermute(blocks, config.num_kv_heads)
+        elif config.latent is not None and config.latent.interleaved and \
+                name.endswith(("q_proj.weight", "q_b_proj.weight", "kv_a_proj.weight")):
+            blocks = latent_halves(name, blocks, config)
         sink.add(name, QuantWeight(w.ggml_type, w.cols, blocks) if keep_blocks else blocks)
     model = sink.build()
     model.init_rotary(device, dtype, freq_factors)
     return config, model, md
+
+
+def _kv_b(sink: WeightSink, halves: dict, name: str, w: torch.Tensor) -> None:
+    """llama.cpp's k_b [heads, kv_lora_rank, nope] (transposed) and v_b [heads, v, kv_lora_rank] back
+    into the checkpoint's kv_b_proj [heads · (nope + v), kv_lora_rank], once both are read."""
+    prefix = name.rsplit(".", 2)[0]
+    parts = halves.setdefault(prefix, {})
+    parts[name.rsplit(".", 2)[1]] = w
+    if len(parts) == 2:
+        k_b, v_b = parts.pop("k_b_proj"), parts.pop("v_b_proj")
+        joined = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+        sink.add(f"{prefix}.kv_b_proj.weight", joined.reshape(-1, joined.shape[-1]))
 
 
 def _as_ours(name: str, w: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from .architectures import Architecture
 from .config import ModelConfig
-from .gguf_loader import _layer, unpermute
+from .gguf_loader import _layer, latent_halves, unpermute
 from .mxfp4 import dequantize_mxfp4
 from .weights import WeightSink
 
@@ -158,7 +158,7 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
         return w.squeeze(1)
     if c.latent is not None and c.latent.interleaved and name.endswith(("q_proj.weight", "q_b_proj.weight",
                                                                          "kv_a_proj.weight")):
-        return _latent_halves(name, w, c)
+        return latent_halves(name, w, c)
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.down")):
         w = w.transpose(-1, -2).contiguous()
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.gate_up_bias")):
@@ -171,17 +171,6 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
     if arch.interleaved_rope and name.endswith(("k_proj.weight", "k_proj.bias")):
         return unpermute(w, c.num_kv_heads)
     return w
-
-
-def _latent_halves(name: str, w: torch.Tensor, c: ModelConfig) -> torch.Tensor:
-    """DeepSeek's rotary parts (each query head's last rope_dim rows, and the shared key's last
-    rows of kv_a_proj) rotate in pairs; ours in halves, as Ernie's (unpermute)."""
-    m = c.latent
-    if name.endswith("kv_a_proj.weight"):
-        return torch.cat([w[:m.kv_lora_rank], unpermute(w[m.kv_lora_rank:], 1)])
-    heads = w.view(c.num_heads, m.nope_dim + m.rope_dim, -1)
-    rot = unpermute(heads[:, m.nope_dim:].reshape(c.num_heads * m.rope_dim, -1), c.num_heads)
-    return torch.cat([heads[:, :m.nope_dim], rot.view(c.num_heads, m.rope_dim, -1)], dim=1).reshape(w.shape)
 
 
 def _token_text(value) -> str | None:
