@@ -22,11 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer_kinds import DeltaNetConfig
+from .short_conv import meta_parameter as _parameter, paged_conv
 from .state_pool import StateStep
-
-
-def _parameter(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
 
 
 class DeltaNet(nn.Module):
@@ -45,12 +42,7 @@ class DeltaNet(nn.Module):
                 previous: torch.Tensor, states: StateStep) -> torch.Tensor:
         d = self.d
         qkv, z, b, a = projected.split([d.conv_dim, d.value_dim, d.v_heads, d.v_heads], dim=-1)
-        flat = cache.view(-1, d.conv_dim)
-        flat.index_copy_(0, slots, qkv.to(flat.dtype))
-        back = previous[:, -(d.conv_kernel - 1):]
-        taps = flat[back.clamp(min=0)].to(qkv.dtype) * (back >= 0)[..., None]
-        w = self.conv.weight.to(qkv.dtype)
-        mixed = F.silu(qkv * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)).float()
+        mixed = F.silu(paged_conv(qkv, self.conv.weight, None, cache, slots, previous)).float()
         q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
         t, group = q.shape[0], d.v_heads // d.k_heads
         q = F.normalize(q.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6).repeat_interleave(group, dim=1)

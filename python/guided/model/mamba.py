@@ -32,11 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer_kinds import MambaConfig
+from .short_conv import meta_parameter as _parameter, paged_conv
 from .state_pool import StateStep
-
-
-def _parameter(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
 
 
 class GatedNorm(nn.Module):
@@ -70,14 +67,7 @@ class Mamba2(nn.Module):
                 previous: torch.Tensor, states: StateStep) -> torch.Tensor:
         m = self.m
         z, xbc, dt = projected.split([m.inner, m.conv_dim, m.heads], dim=-1)
-        flat = cache.view(-1, m.conv_dim)
-        flat.index_copy_(0, slots, xbc.to(flat.dtype))
-        back = previous[:, -(m.conv_kernel - 1):]
-        taps = flat[back.clamp(min=0)].to(xbc.dtype) * (back >= 0)[..., None]
-        w = self.conv.weight.to(xbc.dtype)
-        mixed = xbc * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)
-        if self.conv.bias is not None:
-            mixed = mixed + self.conv.bias
+        mixed = paged_conv(xbc, self.conv.weight, self.conv.bias, cache, slots, previous)
         x, b, c = F.silu(mixed).split([m.inner, m.groups * m.state_size, m.groups * m.state_size], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(m.dt_min, m.dt_max)
         y = self._scan(x.float().unflatten(-1, (m.heads, m.head_dim)), dt, b.float(), c.float(), states)

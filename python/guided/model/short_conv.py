@@ -36,27 +36,39 @@ def previous_slots(attn: AttentionMetadata, positions: torch.Tensor, back: int) 
     return torch.where(before >= 0, blocks * attn.block_size + kept % attn.block_size, -1)
 
 
+def meta_parameter(*shape: int) -> nn.Parameter:
+    """A parameter the loader assigns (made on the meta device, as decoder.py's are)."""
+    return nn.Parameter(torch.empty(*shape, device="meta"), requires_grad=False)
+
+
+def paged_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cache: torch.Tensor,
+               slots: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """A causal depthwise convolution over each sequence's tokens, the earlier ones read back
+    from the paged cache: x [T, C] is written to its rows' slots first (so a row reads the rows
+    before it in the same step), then convolved with `weight` [C, kernel] (taps oldest first) over
+    the rows' previous slots (`previous`, nearest last; -1: before the sequence, zero). LFM2's,
+    Mamba-2's and DeltaNet's convolutions."""
+    flat = cache.view(-1, x.shape[-1])
+    flat.index_copy_(0, slots, x.to(flat.dtype))
+    back = previous[:, -(weight.shape[1] - 1):]
+    taps = flat[back.clamp(min=0)].to(x.dtype) * (back >= 0)[..., None]                # [T, kernel - 1, C]
+    w = weight.to(x.dtype)
+    out = x * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)
+    return out if bias is None else out + bias
+
+
 class ShortConv(nn.Module):
     """The convolution's weights ([hidden, kernel], a bias where the model has one) and
     the mixing between in_proj and out_proj (which the layer holds, as quantizable linears)."""
 
     def __init__(self, hidden: int, kernel: int, bias: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(hidden, kernel, device="meta"), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(hidden, device="meta"), requires_grad=False) if bias else None
+        self.weight = meta_parameter(hidden, kernel)
+        self.bias = meta_parameter(hidden) if bias else None
 
     def forward(self, bcx: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
                 previous: torch.Tensor) -> torch.Tensor:
         """bcx [T, 3·hidden] (in_proj's output); B·x is written to each row's slot, then each
         row is C · (its B·x and its previous slots' convolved)."""
         b, c, x = bcx.chunk(3, dim=-1)
-        bx = b * x
-        flat = cache.view(-1, bx.shape[-1])
-        flat.index_copy_(0, slots, bx.to(flat.dtype))
-        previous = previous[:, -(self.weight.shape[1] - 1):]
-        taps = flat[previous.clamp(min=0)].to(bx.dtype) * (previous >= 0)[..., None]   # [T, kernel - 1, hidden]
-        w = self.weight.to(bx.dtype)
-        mixed = bx * w[:, -1] + (taps * w[:, :-1].T[None]).sum(dim=1)
-        if self.bias is not None:
-            mixed = mixed + self.bias
-        return c * mixed
+        return c * paged_conv(b * x, self.weight, self.bias, cache, slots, previous)
