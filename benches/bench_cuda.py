@@ -7,8 +7,8 @@
   sequence people write (masked_fill with the unpacked mask, softmax,
   top-p by sort, multinomial), same knobs (goal ≥ 5×);
 * end to end, the default model on this GPU in bfloat16: decode tok/s at
-  batch 1 / 16 / 64 of guided (sampling on the device, and on the host as
-  before) against transformers' ``generate`` in the same dtype, same
+  batch 1 / 16 / 64 of guided (decode steps as CUDA graphs, the default;
+  eager steps; sampling on the host) against transformers' ``generate`` in the same dtype, same
   prompts (decode = (n - 1) tokens per row over the time n tokens take
   beyond one, as bench_generate.py measures it); and constrained ÷ free at
   batch 64 (bench_guided_e2e.py's JSON schema and method: free decoding
@@ -124,9 +124,11 @@ def engine_rows(repeat: int, new_tokens: int = 128, device: str = "cuda", batche
         str(path.parent), gguf_file=path.name, dtype=torch.bfloat16, **dense).to(device).eval()
     weights = sorted({str(p.dtype) for p in hf.parameters()})
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    llm = LLM(str(path), device=device, dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=64)
-    runner = llm.engine.runner
-    on_device = runner.sampler
+    # decode steps as CUDA graphs (the default) and eager (--cuda-graphs off), side by side
+    engines = {mode: LLM(str(path), device=device, dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=64,
+                         kv_cache_tokens=1 << 16, cuda_graphs=mode) for mode in ("auto", "off")}
+    llm = engines["auto"]
+    on_device = llm.engine.runner.sampler
     rows = []
     for batch in batches:
         ps = prompts(batch)
@@ -139,14 +141,16 @@ def engine_rows(repeat: int, new_tokens: int = 128, device: str = "cuda", batche
             if device == "cuda":
                 torch.cuda.synchronize()
 
-        def ours(n: int, sampler):
-            runner.sampler = sampler
+        def ours(n: int, sampler, engine=llm):
+            runner = engine.engine.runner
+            before, runner.sampler = runner.sampler, sampler
             try:
-                llm.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
+                engine.generate(ps, SamplingParams(max_tokens=n, ignore_eos=True))
             finally:
-                runner.sampler = on_device
+                runner.sampler = before
 
         runs = {"transformers": hf_gen, "guided": lambda n: ours(n, on_device),
+                "guided, eager steps": lambda n: ours(n, engines["off"].engine.runner.sampler, engines["off"]),
                 "guided, host sampling": lambda n: ours(n, None)}
         for name, gen in runs.items():
             gen(4)  # warm-up
@@ -156,8 +160,8 @@ def engine_rows(repeat: int, new_tokens: int = 128, device: str = "cuda", batche
                          "weights": "+".join(weights) if name == "transformers" else "bfloat16",
                          "prefill_ms": first * 1e3,
                          "decode_tok_s": batch * (new_tokens - 1) / (full - first)})
-        ref = rows[-3]["decode_tok_s"]
-        for r in rows[-2:]:
+        ref = rows[-len(runs)]["decode_tok_s"]
+        for r in rows[1 - len(runs):]:
             r["over_transformers"] = r["decode_tok_s"] / ref
     r = run_guided(llm, prompt_ids(tok, batches[-1]), new_tokens, repeat)
     rows.append({"engine": "guided", "batch": batches[-1], "dtype": "bfloat16", "tokens": r["tokens"],

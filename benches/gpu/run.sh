@@ -39,6 +39,7 @@ model)
     tar -C python -cf - --exclude='*.so' guided | tar -C /tmp/site -xf -
     test_run engine-tests tests/model/test_cuda_kernels.py tests/model/test_device_sampling.py -k "default_model or engine"
     test_run architecture-tests tests/model/test_architectures.py -k gpu
+    test_run graph-tests tests/model/test_decode_graphs.py -k gpu
     python3 benches/bench_cuda.py --skip-kernels --json "$out/cuda-engine.json" 2>&1 | tee "$out/cuda-engine.txt"
     ;;
 *) echo "usage: run.sh kernels|model" >&2; exit 2 ;;

@@ -66,6 +66,9 @@ class EngineConfig:
     #: blocks (the default), "native" for any model it can run (an error says why not),
     #: "torch" runs decoder.py (the reference).
     cpu_step: str = "auto"
+    #: Decode steps as CUDA graphs per batch-size bucket: "auto" (on CUDA where our kernels run),
+    #: "off", or "padded" (the buckets without capture: model/decode_graphs.py).
+    cuda_graphs: str = "auto"
 
     def model_len(self, mc) -> int:
         """The longest sequence served: max_model_len, within the model's positions."""
@@ -116,7 +119,7 @@ class Engine:
         self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
-                                  config.max_num_seqs, self.max_model_len, config.cpu_step)
+                                  config.max_num_seqs, self.max_model_len, config.cpu_step, config.cuda_graphs)
         #: a state per sequence (Mamba-2, DeltaNet): prefix-cache hits only at its snapshots, no drafts
         self.recurrent = self.runner.states is not None
         if self.recurrent and config.speculative:

@@ -43,7 +43,7 @@ class LLM:
                  max_model_len: int | None = None, enable_prefix_caching: bool = True,
                  chat_template: str | None = None, tensor_parallel_size: int = 1,
                  speculative: bool = False, num_speculative_tokens: int = 8,
-                 drafter: str = "lookup", cpu_step: str = "auto"):
+                 drafter: str = "lookup", cpu_step: str = "auto", cuda_graphs: str = "auto"):
         """``chat_template``: a Jinja template (text or a file path) used
         instead of the model's own, as ``--chat-template`` in other servers.
 
@@ -59,13 +59,18 @@ class LLM:
         ``cpu_step``: on a CPU, "auto" runs every layer of a step as native code
         (model/native.py) for a GGUF kept in its blocks (the default), "native"
         for any model it can run (float32 weights too), "torch" runs the torch
-        decoder (the reference the native step is tested against)."""
+        decoder (the reference the native step is tested against).
+
+        ``cuda_graphs``: on CUDA, "auto" captures decode steps as CUDA graphs,
+        one per batch-size bucket (model/decode_graphs.py); "off" runs them
+        eagerly; "padded" runs the buckets without capturing."""
         given = _template_text(chat_template) if chat_template else None   # checked before the load
         config = EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching, speculative=speculative,
-            num_speculative_tokens=num_speculative_tokens, drafter=drafter, cpu_step=cpu_step)
+            num_speculative_tokens=num_speculative_tokens, drafter=drafter, cpu_step=cpu_step,
+            cuda_graphs=cuda_graphs)
         group = _tensor_group(model, device, dtype, tensor_parallel_size, config)
         try:
             self.loaded = load_model(model, device=device, dtype=dtype, tensor_group=group)

@@ -7,8 +7,9 @@ CPU, attention is torch's), runs the forward pass over a step plan from the
 scheduler, and samples the step's rows: where the kernels run, on the
 device by the mask-fused sampler (model/device_sampler.py: only tokens come
 back to the host), elsewhere on the host by the Rust sampler, which gets the
-logits as float32. The engine's step loop calls it and never touches torch
-devices itself.
+logits as float32. On CUDA, decode steps replay CUDA graphs, one per
+batch-size bucket (model/decode_graphs.py). The engine's step loop calls it
+and never touches torch devices itself.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from . import cuda_ops
 from .attention import AttentionMetadata
+from .decode_graphs import GRAPH_MODES, DecodeGraphs
 from .decoder import allocate_kv_cache, cache_values_per_token
 from .device_sampler import DeviceSampler
 from .loader import LoadedModel
@@ -38,7 +40,7 @@ GPU_ACTIVATION_RESERVE_BYTES = 1 << 30
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, block_size: int, kv_cache_tokens: int | None,
-                 max_num_seqs: int, max_model_len: int, cpu_step: str = "auto"):
+                 max_num_seqs: int, max_model_len: int, cpu_step: str = "auto", cuda_graphs: str = "auto"):
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
@@ -70,10 +72,46 @@ class ModelRunner:
         #: the step's rows are drawn on the device where the kernels run
         #: (None: by the host's sampler)
         self.sampler: DeviceSampler | None = DeviceSampler("cuda") if self.kernels else None
-        self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks, block_size,
+        graphs = self._graph_mode(cuda_graphs)
+        # where decode steps run in buckets, their padding rows' block: one past the scheduler's
+        self.kv_caches = allocate_kv_cache(loaded.config, self.num_blocks + (graphs != "off"), block_size,
                                            loaded.kv_dtype, self.device, self.model.num_kv_heads)
         #: the step as native code (model/native.py), where it runs; None: decoder.py
         self.native: NativeStep | None = self._choose_step(cpu_step)
+        #: decode steps in batch-size buckets (model/decode_graphs.py); None: every step eager
+        self.graphs: DecodeGraphs | None = None
+        if graphs != "off":
+            if self.native is not None:
+                raise ValueError("cuda_graphs='padded' runs the torch step; this CPU step is native "
+                                 "(cpu_step='torch' runs the torch step)")
+            self.graphs = DecodeGraphs(
+                lambda ids, positions, meta: self.model.compute_logits(
+                    self.model(ids, positions, self.kv_caches, meta, None)),
+                self.device, max_batch=max_num_seqs, max_blocks=-(-max_model_len // block_size),
+                block_size=block_size, pad_block=self.num_blocks, max_context_len=max_model_len,
+                kernels=self.kernels, native_only=bool(loaded.weight_formats), capture=graphs == "capture")
+
+    def _graph_mode(self, mode: str) -> str:
+        """How decode steps run (model/decode_graphs.py): "capture" (CUDA graphs), "padded"
+        (their buckets and static buffers, eager) or "off"; a model or device that cannot
+        take the mode asked for is said at start: a warning for "auto", an error for "padded"."""
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"cuda_graphs={mode!r}: one of {', '.join(GRAPH_MODES)}")
+        if mode == "off" or mode == "auto" and self.device.type != "cuda":
+            return "off"
+        mc = self.loaded.config
+        why = ("the model is split over tensor-parallel ranks" if self.group is not None else
+               "the model keeps a recurrent state per sequence" if self.states is not None else
+               "the model has short-convolution layers" if any(map(mc.is_conv, range(mc.num_layers))) else None)
+        if why is None and mode == "auto" and not (self.kernels and mc.latent is None
+                                                   and mc.head_dim in cuda_ops.HEAD_SIZES):
+            why = "decode attention runs in torch here (its shapes follow the longest context)"
+        if why is not None:
+            if mode == "padded":
+                raise ValueError(f"cuda_graphs='padded': {why}")
+            log.warning("%s: decode steps run eagerly, without CUDA graphs: %s", self.device, why)
+            return "off"
+        return "capture" if mode == "auto" else "padded"
 
     def _choose_step(self, cpu_step: str) -> NativeStep | None:
         if cpu_step not in CPU_STEPS:
@@ -178,7 +216,11 @@ class ModelRunner:
             if torch.get_num_threads() != before:
                 torch.set_num_threads(before)
 
-    def _execute(self, plan) -> np.ndarray | None:
+    def _execute(self, plan) -> np.ndarray | torch.Tensor | None:
+        bucket = self.graphs.bucket(plan) if self.graphs is not None else None
+        if bucket is not None:
+            logits = self.graphs.run(plan, bucket)
+            return logits if self.sampler is not None else logits.cpu().numpy()
         dev = self.device
         t = lambda a: torch.from_numpy(a).to(dev, non_blocking=True)  # noqa: E731
         meta = AttentionMetadata(

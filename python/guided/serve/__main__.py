@@ -40,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="on the CPU: auto runs every layer of a step as native code for a GGUF kept "
                          "in its blocks; native for any model it can run (float32 too); torch runs "
                          "the torch decoder (the reference)")
+    ap.add_argument("--cuda-graphs", default="auto", choices=["auto", "off", "padded"],
+                    help="on CUDA: auto captures decode steps as CUDA graphs per batch-size bucket "
+                         "where guided's kernels run; off runs them eagerly; padded runs the buckets "
+                         "without capturing")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -121,7 +125,7 @@ def main(argv=None) -> None:
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
               chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size,
               speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-              cpu_step=args.cpu_step)
+              cpu_step=args.cpu_step, cuda_graphs=args.cuda_graphs)
     names = served_names(args.served_model_name, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,
