@@ -84,9 +84,7 @@ def family_root(tmp_path_factory, default_gguf):
     """Where the chat-family test models are built (see helpers/families.py)."""
     if not families.TEMPLATES.is_dir():
         pytest.skip(f"the family templates are in {families.TEMPLATES}, which is absent")
-    root = tmp_path_factory.mktemp("families")
-    families.save_weights(default_gguf, root / "weights.safetensors")
-    return root
+    return tmp_path_factory.mktemp("families")
 
 
 @pytest.fixture(scope="session", params=[f.name for f in families.FAMILIES])

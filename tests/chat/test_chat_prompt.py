@@ -35,6 +35,7 @@ def formats(family_root, default_gguf):
         if f.template is None:
             out[f.name] = chat_format_of(gguf_tokenizer_info(GGUFFile(default_gguf).metadata))
         else:
+            # the tokenizer files and template; no weights are read
             d = build(f, default_gguf, family_root, family_root / "weights.safetensors")
             with open(os.path.join(d, "config.json")) as fh:
                 out[f.name] = chat_format_of(hf_tokenizer_info(d, json.load(fh)))

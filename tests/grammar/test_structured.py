@@ -149,10 +149,20 @@ def _whitespace_params(llm) -> list[SamplingParams]:
 
 
 @pytest.fixture(scope="module")
-def long_runs(llm) -> dict:
+def quantized():
+    """The default model as users get it on a CPU (its Q4_1 blocks, the native
+    step), for the module's long runs."""
+    from guided import LLM
+    return LLM(max_num_seqs=64, kv_cache_tokens=32768)
+
+
+@pytest.fixture(scope="module")
+def long_runs(quantized) -> dict:
     """The module's long generations in one engine batch, so that their
     tails overlap: the schema suite (our schemas and a JSONSchemaBench
-    sample) at temperatures 0 and 1, and the whitespace-biased runs."""
+    sample) at temperatures 0 and 1, and the whitespace-biased runs, on the
+    default model as users get it."""
+    llm = quantized
     schemas = dict(OWN_SCHEMAS)
     bench = _bench_sample()
     schemas.update({f"bench:{k}": v for k, v in bench.items()})
@@ -197,20 +207,19 @@ def test_json_schema_suite(long_runs, temperature):
 
 @pytest.fixture(scope="module")
 def random_drafts():
-    """The default model in fp32, speculating with drafts of random tokens
-    (half of them out of the context): the grammar refuses most, and the
-    model writes almost none."""
+    """The default model as ``quantized`` runs it, speculating with drafts of
+    random tokens (half of them out of the context): the grammar refuses
+    most, and the model writes almost none."""
     from guided import LLM
-    return LLM(dtype="float32", max_num_seqs=64, kv_cache_tokens=32768, speculative=True,
-               drafter="random:7")
+    return LLM(max_num_seqs=64, kv_cache_tokens=32768, speculative=True, drafter="random:7")
 
 
-def test_drafts_the_grammar_refuses_change_nothing(long_runs, llm, random_drafts):
+def test_drafts_the_grammar_refuses_change_nothing(long_runs, quantized, random_drafts):
     """Speculative decoding checked against random drafts over the whole
     suite, greedy and seeded: every output is the one without speculation
     (so valid wherever that one is), token for token."""
     params = [replace(p, speculative=True) for p in
-              [*_whitespace_params(llm), *_suite_params(long_runs["schemas"], 0.0),
+              [*_whitespace_params(quantized), *_suite_params(long_runs["schemas"], 0.0),
                *_suite_params(long_runs["schemas"], 1.0)]]
     want = [*long_runs["whitespace"], *long_runs["suite 0.0"], *long_runs["suite 1.0"]]
     outs = random_drafts.generate([PROMPT] * len(params), params)

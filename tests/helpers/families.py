@@ -1,23 +1,25 @@
 """Test models for each chat family: the default model's real weights with
 its tokenizer's 14 unused added tokens (ids 3-16: `<repo_name>`, ...)
-renamed to the family's markers, saved as an HF directory with the family's
-own template from ../shared/chat-templates (or, where ../shared has none, one
-written in tests/helpers/templates.py: gpt-oss's harmony).
+renamed to the family's markers and the family's own template from
+../shared/chat-templates (or, where ../shared has none, one written in
+tests/helpers/templates.py: gpt-oss's harmony). `family_path` gives the
+default GGUF copied with that tokenizer and template (its Q4_1 blocks as they
+are: the native CPU step, as a user serving a GGUF gets); `build` the
+tokenizer files and template as an HF directory beside given weights
+(helpers/family_model.py builds other architectures on it).
 
 No model here was trained on these formats; what the tests check is what the
 engine guarantees by construction (grammar, parser, registry, round-trip).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from . import SHARED
 from .templates import WRITTEN
@@ -144,13 +146,47 @@ def template_text(family: Family) -> str:
 
 
 def family_path(name: str, root: Path, gguf_path: str) -> str:
-    """The test model of family ``name``: the default GGUF itself, or the
-    family's HF directory built under ``root`` on first use (its weights
-    saved there once by save_weights)."""
+    """The test model of family ``name``: the default GGUF itself, or its copy
+    with the family's tokenizer and template, written under ``root`` on first use."""
     family = BY_NAME[name]
     if family.template is None:
         return gguf_path
-    return build(family, gguf_path, root, save_weights(gguf_path, root / "weights.safetensors"))
+    return build_gguf(family, gguf_path, root)
+
+
+@functools.cache
+def _reader(gguf_path: str):
+    """The default GGUF parsed once (2.5 s of gguf-py's field parsing), for every family's copy."""
+    from gguf import GGUFReader
+    return GGUFReader(gguf_path)
+
+
+def build_gguf(family: Family, gguf_path: str, root: Path) -> str:
+    """``root``/<family>.gguf: the default GGUF's tensors and metadata (gguf's own
+    copy_with_new_metadata) with the family's markers, end and begin tokens and template."""
+    from gguf import GGUFValueType, GGUFWriter, Keys
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    path = root / f"{family.name}.gguf"
+    if path.exists():
+        return str(path)
+    reader = _reader(gguf_path)
+    tokens = list(reader.fields[Keys.Tokenizer.LIST].contents())
+    for i, marker in enumerate(family.markers):
+        tokens[FIRST_FREE_ID + i] = marker
+    ids = token_ids(family)
+    new = {Keys.Tokenizer.LIST: MetadataDetails(GGUFValueType.ARRAY, tokens, sub_type=GGUFValueType.STRING),
+           Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(GGUFValueType.STRING, template_text(family)),
+           Keys.Tokenizer.EOS_ID: MetadataDetails(GGUFValueType.UINT32, ids[family.eos])}
+    drop = [Keys.Tokenizer.PAD_ID]   # the default's pad is its own end token
+    if family.bos is None:
+        drop.append(Keys.Tokenizer.BOS_ID)
+    else:
+        new[Keys.Tokenizer.BOS_ID] = MetadataDetails(GGUFValueType.UINT32, ids[family.bos])
+    partial = path.with_suffix(".partial")
+    writer = GGUFWriter(str(partial), reader.fields[Keys.General.ARCHITECTURE].contents(), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, new, drop)
+    partial.rename(path)
+    return str(path)
 
 
 def build(family: Family, gguf_path: str, root: Path, weights: Path) -> str:
@@ -206,30 +242,3 @@ def hf_config(md: dict, eos_id: int) -> dict:
             "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
             "max_position_embeddings": c.max_position_embeddings,
             "tie_word_embeddings": c.tie_word_embeddings, "eos_token_id": eos_id}
-
-
-def save_weights(gguf_path: str, path: Path) -> Path:
-    """The GGUF's weights, dequantised, under their HF names."""
-    if path.exists():
-        return path
-    from guided.model.config import ModelConfig
-    from guided.model.gguf_file import GGUFFile
-    from guided.model.gguf_loader import our_name, unpermute
-    gguf = GGUFFile(gguf_path)
-    c = ModelConfig.from_gguf(gguf.metadata)
-    tensors = {}
-    for info in gguf.tensors:
-        name = our_name(info.name)
-        if name is None:
-            continue
-        # the norms under Llama's HF names
-        name = name.replace("attn_norm", "input_layernorm").replace("mlp_norm", "post_attention_layernorm")
-        w = torch.from_numpy(np.array(gguf.read(info), dtype=np.float32))
-        if name.endswith("q_proj.weight"):
-            w = unpermute(w, c.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute(w, c.num_kv_heads)
-        tensors["model." + name if name.startswith("layers.") or name in (
-            "embed_tokens.weight", "norm.weight") else name] = w.contiguous()
-    save_file(tensors, str(path))
-    return path
