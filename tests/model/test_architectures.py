@@ -364,7 +364,14 @@ def test_unsupported_layers_are_refused_by_name(tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma(gemma3_gguf):
+    """float32: transformers' numbers, for the parity test."""
     return LLM(gemma3_gguf, dtype="float32", kv_cache_tokens=8192)
+
+
+@pytest.fixture(scope="module")
+def gemma_blocks(gemma3_gguf):
+    """As users run it on a CPU: its Q4_K_M blocks, the native step."""
+    return LLM(gemma3_gguf, kv_cache_tokens=8192)
 
 
 def test_gemma3_greedy_equals_transformers_on_the_same_gguf(gemma, gemma3_gguf):
@@ -384,7 +391,8 @@ def test_gemma3_ends_where_llama_cpp_does(gemma):
     assert ends == {"<eos>", "<end_of_turn>"}, ends
 
 
-def test_gemma3_answers_the_readme_prompts(gemma):
+def test_gemma3_answers_the_readme_prompts(gemma_blocks):
+    gemma = gemma_blocks
     outs = gemma.generate(["The capital of France is"], SamplingParams(max_tokens=20, n=2, temperature=0.8),
                           use_tqdm=False)
     assert len(outs[0].outputs) == 2 and all(o.text.strip() for o in outs[0].outputs)
@@ -401,14 +409,15 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age", "languages"], "additionalProperties": False}
 
 
-def test_gemma3_json_schema_offline_and_over_http(gemma, gemma3_gguf):
+def test_gemma3_json_schema_offline_and_over_http(gemma_blocks, gemma3_gguf):
+    gemma = gemma_blocks
     jsonschema = pytest.importorskip("jsonschema")
     params = SamplingParams(max_tokens=80, temperature=0.7, seed=3,
                             structured_outputs=StructuredOutputsParams(json=PERSON))
     outs = gemma.generate(["A person, as JSON: ", "Another person: "], params, use_tqdm=False)
     for out in outs:
         jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
-    with running_server("--model", gemma3_gguf, "--dtype", "float32") as base:
+    with running_server("--model", gemma3_gguf) as base:
         body = {"model": "gemma-3-270m-q4_k_m", "prompt": "A person, as JSON: ", "max_tokens": 80,
                 "temperature": 0.7, "seed": 5, "structured_outputs": {"json": PERSON}}
         status, _, text = post(base + "/v1/completions", json.dumps(body).encode())
