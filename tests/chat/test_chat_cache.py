@@ -39,7 +39,7 @@ def agent_loop(llm, turns: int = 4, system: bool = True, **options) -> list[tupl
         if previous is not None:
             same = out.prompt_token_ids[:len(previous)] == previous
             ratios.append((out.num_cached_tokens, len(previous), same))
-        previous = out.prompt_token_ids + out.token_ids
+        previous = out.prompt_token_ids + _rendered_back(llm, out.outputs[0])
         messages.append(reply.message())
         for call in reply.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
@@ -47,6 +47,22 @@ def agent_loop(llm, turns: int = 4, system: bool = True, **options) -> list[tupl
         if not last:
             assert reply.tool_calls, out.text
     return ratios
+
+
+def _rendered_back(llm, reply) -> list[int]:
+    """The answer's tokens that the next prompt must hold as they were: all
+    but its end token (a random model ends with any of the model's end
+    tokens, the template writes its own: GLM's <|observation|> after calls,
+    as helpers/agent_loop.py's shares take it) and the newline a model may
+    write after its last call, which the grammar allows where the calls'
+    separator is that whitespace (chat/grammar.py ``_trailing``) and no
+    template writes back."""
+    ids, special = list(reply.token_ids), llm.chat_format.special
+    body = ids[:-1] if ids and ids[-1] in special.end_ids else ids
+    if reply.tool_calls and body and body[-1] not in special.control_ids and \
+            not llm.chat_format.tokenizer.decode(body[-1:]).strip():
+        return body[:-1]
+    return body
 
 
 def test_agent_loop_hits_the_prefix_cache(family, family_llm):

@@ -72,7 +72,8 @@ def print_matrix():
     yield
     if not ROWS:
         return
-    cols = ("format", "parallel", "ids", "empty", "end", "contract", "grammar", "stream", "refs", "cache", "note")
+    cols = ("format", "parallel", "ids", "empty", "end", "contract", "grammar", "count", "stream", "refs", "cache",
+            "note")
     print("\n\ntemplate matrix (cache: prefix hit of the previous prompt + answer, turns 2 and 3)")
     print(" | ".join(["template", *cols]))
     for name, row in sorted(ROWS.items()):
@@ -154,6 +155,42 @@ def _accepts(compiler, plan, ids: list[int], end_ids) -> bool:
     m = compiler.compile(plan.grammar.text).matcher()
     body = ids[:-1] if ids and ids[-1] in end_ids else ids
     return m.consume_tokens(body) and m.is_accepting()
+
+
+def _allowed(matcher) -> set[int]:
+    mask = matcher.compute_mask()
+    return {32 * i + j for i, word in enumerate(mask.tolist()) if word for j in range(32) if word >> j & 1}
+
+
+def _model_decides_the_count(chat, compiler, plans: dict, one_call: list[int], ends) -> str:
+    """DESIGN rule 4: after a whole call the end token is allowed; where the
+    template's separator between calls begins with whitespace ("\n" between
+    Qwen's </tool_call> and <tool_call>), the model may write that
+    whitespace and still end (a real model's newline after its last call);
+    whitespace the template does not write there is refused, or leads only
+    to the end: the grammar never chooses another call for the model."""
+    f = chat.tools.format
+    body = one_call[:-1] if one_call and one_call[-1] in ends else one_call
+    sep = f.sep[0].text if f.sep and not f.close and not hasattr(f.sep[0], "role") else ""
+    sep_ws = sep[:len(sep) - len(sep.lstrip())]
+    for kind, plan in plans.items():
+        if kind == "parallel off":
+            continue
+        m = compiler.compile(plan.grammar.text).matcher()
+        assert m.consume_tokens(body) and _allowed(m) & ends, (kind, "no end after a whole call")
+        if body and body[-1] in chat.special.end_ids:
+            continue   # the call ends the turn itself (harmony's <|call|>)
+        for ws in {"\n", "\n\n", " ", sep_ws} - {""}:
+            m = compiler.compile(plan.grammar.text).matcher()
+            taken = m.consume_tokens(body + chat.tokenizer.encode_text(ws))
+            if ws == sep_ws:
+                assert taken and _allowed(m) & ends, (kind, f"after a call and {ws!r} the end is refused")
+            elif taken:
+                leads = {t for t in _allowed(m) - set(ends)
+                         if t in chat.special.control_ids or chat.tokenizer.decode([t]).strip()}
+                assert not leads, (kind, f"after a call and {ws!r}, which the template does not write "
+                                   "there, a call may begin")
+    return "sep ws" if sep_ws else "ok"
 
 
 def _parse(plan, ids: list[int], stream: bool):
@@ -254,6 +291,8 @@ def test_template(name, default_gguf):
     plain = _tokens(chat, reasoning_close + _framed(chat, ANSWER) + end_text)
     accepted["auto text"] = _accepts(compiler, plans["auto"], plain, ends)
     row["grammar"] = "ok" if all(v for k, v in accepted.items() if k != "parallel off") else accepted
+    row["count"] = _model_decides_the_count(chat, compiler, {**plans, "named": named},
+                                            _tokens(chat, one_text), ends)
     assert accepted["required"] and accepted["auto"] and accepted["named"], (name, text, accepted)
     assert accepted["auto text"], (name, accepted)
     if n == 2:

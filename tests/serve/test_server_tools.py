@@ -41,8 +41,7 @@ def chat(request, family_root, default_gguf):
         yield client, client.models.list().data[0].id
         return
     path = family_path(request.param, family_root, default_gguf)
-    with running_server("--model", path, "--kv-cache-tokens", "16384",
-                        "--enable-tool-grammar") as base:
+    with running_server("--model", path, "--kv-cache-tokens", "16384") as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         yield client, client.models.list().data[0].id
 

@@ -61,7 +61,9 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
     calls = list(state.done)
     while True:
         if calls:   # after a whole call: another, or the close
-            if cur.at_end():
+            if cur.at_end() or (not f.close and cur.rest_is_space()):
+                # whitespace after the last call (the grammar's trailing
+                # whitespace), or a separator whose call has not begun
                 return calls, True
             if not cur.peek(f.sep or _lead(f.call)) or not cur.parts(f.sep):
                 break
@@ -128,6 +130,9 @@ class _Cursor:
 
     def at_end(self) -> bool:
         return self.pos >= len(self.text)
+
+    def rest_is_space(self) -> bool:
+        return not self.text[self.pos:].strip()
 
     def peek(self, parts) -> bool:
         want = "".join(self.render(p) for p in parts if isinstance(p, (Lit, Special)))

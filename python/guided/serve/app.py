@@ -5,6 +5,7 @@
 /health and /metrics."""
 from __future__ import annotations
 
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import generate_latest
 
 from ..llm import LLM
+from ..models import lookup
 from .admission import Admission, ConstraintPolicy
 from .async_engine import AsyncEngine
 from .chat import chat_completion_plan, create_chat_completion
@@ -27,10 +29,17 @@ from .state import ServerState, rendered
 DEFAULT_MAX_QUEUE = 1024
 
 
-def served_names(given: list[str] | None, model_path: str) -> list[str]:
+def served_names(given: list[str] | None, model: str | None, model_path: str) -> list[str]:
     """The model ids clients may send: those given (--served-model-name),
-    else the model file's or directory's name."""
-    return list(given) if given else [Path(model_path).stem]
+    else the model file's or directory's name, after ``model`` itself where
+    it is a catalogue name rather than a path (``--model qwen2.5-coder-0.5b``)."""
+    if given:
+        return list(given)
+    stem = Path(model_path).stem
+    asked = model is not None and not os.path.exists(model) and lookup(model) is not None
+    return [model, stem] if asked and model != stem else [stem]
+
+
 _PATHS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
           "/v1/grammar", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
           "/v1/completions/render", "/v1/chat/completions/render", "/v1/responses/render"}
@@ -67,12 +76,12 @@ class KeyAndCount:
 
 
 def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None,
-               enable_tool_grammar: bool = False, policy: ConstraintPolicy | None = None,
+               tool_grammar: bool = True, policy: ConstraintPolicy | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, kv_events=None,
                close_llm: bool = False) -> FastAPI:
-    """``model_name``: the id(s) clients may send; ``enable_tool_grammar``:
-    enforce the tool-call grammar for tool_choice="auto" too (DESIGN rule 8;
-    "required" and a named tool are always enforced); ``policy``: which
+    """``model_name``: the id(s) clients may send; ``tool_grammar``:
+    enforce the tool-call grammar for tool_choice="auto" too (the default;
+    "required", a named tool and "none" are always enforced); ``policy``: which
     client constraints are allowed and their limits; ``max_queue``: requests'
     sequences that may wait beyond the running ones before a 503;
     ``kv_events``: a ``kv_events.KvEventPublisher`` for the prefix cache's
@@ -98,7 +107,7 @@ def create_app(llm: LLM, model_name: str | list[str], api_key: str | None = None
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     s = ServerState(llm, engine, metrics,
                     Admission(llm.engine.config.max_num_seqs, max_queue),
-                    policy or ConstraintPolicy(), names, enable_tool_grammar)
+                    policy or ConstraintPolicy(), names, tool_grammar)
     app.state.server = s
     install_handlers(app)
 

@@ -90,7 +90,7 @@ async def chat_completion_plan(s: ServerState, body: ChatCompletionRequest) -> C
     s.check_model(body.model)
     messages = [m.as_template_input() for m in body.messages]
     so = s.policy.structured_outputs(body.structured_outputs)
-    options = body.chat_options(so, tool_grammar=s.enable_tool_grammar)
+    options = body.chat_options(so, tool_grammar=s.tool_grammar)
     params, given = sampling_params(body, s)
     return await plan_chat(s, messages, options, params, given, tools=body.tools,
                            response_format=body.response_format, structured_outputs=so)

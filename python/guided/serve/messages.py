@@ -280,7 +280,7 @@ def _usage(chat: ChatRun, out: RequestOutput | None) -> dict:
 
 async def create_message(s: ServerState, body: MessagesRequest, disconnected=None):
     s.check_model(body.model)
-    options = body.chat_options(s.enable_tool_grammar, body.max_tokens)
+    options = body.chat_options(s.tool_grammar, body.max_tokens)
     if options.reasoning_budget is not None and s.llm.chat_format.reasoning is None:
         raise APIError(400, "thinking: this model's template and tokenizer have no reasoning block",
                        param="thinking")
@@ -334,7 +334,7 @@ async def count_tokens(s: ServerState, body: CountTokensRequest) -> dict:
     """The prompt tokens /v1/messages would send the model for this body."""
     s.check_model(body.model)
     params = SamplingParams(max_tokens=s.max_model_len)
-    plan = await plan_chat(s, body.conversation(), body.chat_options(s.enable_tool_grammar),
+    plan = await plan_chat(s, body.conversation(), body.chat_options(s.tool_grammar),
                            params, False, tools=body.tools, output_config=body.output_config)
     return {"input_tokens": len(plan.prompt_ids)}
 

@@ -251,8 +251,14 @@ def _tool_choice(choice):
         return choice or "auto"
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise APIError(400, "tool_choice must be 'auto', 'none', 'required' or "
-                        "{'type': 'function', 'name': ...}", param="tool_choice")
+    if choice.get("type") == "allowed_tools":   # Responses' flat tools, in chat completions' shape
+        tools = choice.get("tools")
+        listed = [{"type": "function", "function": {"name": t.get("name")}} if isinstance(t, dict) else t
+                  for t in tools] if isinstance(tools, list) else tools
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": listed}}
+    raise APIError(400, "tool_choice must be 'auto', 'none', 'required', "
+                        "{'type': 'function', 'name': ...} or "
+                        "{'type': 'allowed_tools', 'mode': ..., 'tools': [...]}", param="tool_choice")
 
 
 def _response_format(text: dict | None) -> dict | None:
@@ -352,7 +358,7 @@ async def response_plan(s: ServerState, store: ResponseStore, body: ResponsesReq
     body.check()
     messages = conversation(body, store)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    options = chat_options(body, s.enable_tool_grammar)
+    options = chat_options(body, s.tool_grammar)
     given = body.max_output_tokens is not None
     params = body.sampling_params(body.max_output_tokens or s.max_model_len)
     plan = await plan_chat(s, system + messages, options, params, given,

@@ -28,7 +28,7 @@ class ServerState:
     admission: Admission
     policy: ConstraintPolicy
     model_names: list[str]
-    enable_tool_grammar: bool = False
+    tool_grammar: bool = True
     texts: TokenTexts = field(init=False)
     timed_compile: TimedCompile = field(init=False)
 
