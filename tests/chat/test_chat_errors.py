@@ -38,6 +38,13 @@ def strict_llm(tmp_path_factory):
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}},
      "response_format.json_schema.strict"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]}, r"tools\[0\].function.strict"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "any", "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}]}}}, "tool_choice.allowed_tools.mode"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "nope"}}]}}}, r"tool_choice.allowed_tools.tools\[0\]"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}},
+     "tool_choice.allowed_tools.tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools"}}, "tool_choice.allowed_tools"),
 ])
 def test_bad_options_name_the_field(llm, options, field):
     with pytest.raises(ValueError, match=field):
