@@ -213,8 +213,10 @@ class LLM:
         model's own format (content, reasoning_content, tool_calls).
 
         ``options`` are the other fields of :class:`guided.chat.ChatOptions`:
-        tool_choice ("auto", "none", "required" or {"type": "function",
-        "function": {"name": ...}}), parallel_tool_calls, response_format,
+        tool_choice ("auto", "none", "required", {"type": "function",
+        "function": {"name": ...}} or {"type": "allowed_tools",
+        "allowed_tools": {"mode": "auto"|"required", "tools": [...]}}),
+        parallel_tool_calls, response_format,
         structured_outputs, reasoning_effort ("none", "minimal", "low",
         "medium", "high"), documents, tool_grammar (enforce the tool-call
         grammar for tool_choice="auto"; default True).

@@ -34,8 +34,11 @@ class ChatOptions:
     """What a chat request asks for beyond its messages and sampling, as
     every API passes it to :func:`prepare_chat` (which checks each field).
 
-    tool_choice: "auto", "none", "required" or {"type": "function",
-    "function": {"name": ...}}; reasoning_effort: "none", "minimal", "low",
+    tool_choice: "auto", "none", "required", {"type": "function",
+    "function": {"name": ...}} or {"type": "allowed_tools", "allowed_tools":
+    {"mode": "auto"|"required", "tools": [{"type": "function", "function":
+    {"name": ...}}]}} (the grammar limited to those tools, the prompt
+    unchanged); reasoning_effort: "none", "minimal", "low",
     "medium", "high" or None (the model's default); reasoning_budget: tokens
     of reasoning text at most, the block required (Anthropic's thinking
     budget_tokens; with an effort, the smaller budget); response_format or
