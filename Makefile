@@ -79,14 +79,47 @@ bench: test-setup
 	$(PY) benches/bench_generate.py
 
 # Peers for the benches, never for make test: llama.cpp (llama-cpp-python,
-# built from source, ~4 min on 2 cores) for this CPU's own SIMD flags.
+# built from source, ~4 min on 2 cores) for this CPU's own SIMD flags; its
+# llama-server and llama-batched-bench; BFCL's questions and checker.
 LLAMA_CPP := llama-cpp-python==0.3.36
-bench-setup: test-setup
-	CMAKE_ARGS="-DGGML_NATIVE=OFF $$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sed -n \
-		-e 's/^avx2$$/-DGGML_AVX2=ON/p' -e 's/^fma$$/-DGGML_FMA=ON/p' -e 's/^f16c$$/-DGGML_F16C=ON/p' \
-		-e 's/^bmi2$$/-DGGML_BMI2=ON/p' -e 's/^avx512f$$/-DGGML_AVX512=ON/p' \
-		-e 's/^avx512_vnni$$/-DGGML_AVX512_VNNI=ON/p' -e 's/^avx512_bf16$$/-DGGML_AVX512_BF16=ON/p' \
-		| tr '\n' ' ')" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --no-binary llama-cpp-python $(LLAMA_CPP)
+# ggml's CMake options for this CPU's own SIMD flags (read from /proc/cpuinfo, not -march=native).
+GGML_CPU = -DGGML_NATIVE=OFF $$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | sed -n \
+	-e 's/^avx2$$/-DGGML_AVX2=ON/p' -e 's/^fma$$/-DGGML_FMA=ON/p' -e 's/^f16c$$/-DGGML_F16C=ON/p' \
+	-e 's/^bmi2$$/-DGGML_BMI2=ON/p' -e 's/^avx512f$$/-DGGML_AVX512=ON/p' \
+	-e 's/^avx512_vnni$$/-DGGML_AVX512_VNNI=ON/p' -e 's/^avx512_bf16$$/-DGGML_AVX512_BF16=ON/p' \
+	| tr '\n' ' ')
+
+# llama.cpp's own llama-server (benches/bench_tools.py) and llama-batched-bench,
+# built from the llama.cpp sources that $(LLAMA_CPP) vendors (its sdist's
+# vendor/llama.cpp) with cmake from PyPI, into .bench/llama.cpp/build/bin/
+# (~12 min of CPU on 2 cores); built again when the pin changes.
+CMAKE       := cmake==4.4.5
+LLAMA_DIR   := .bench/llama.cpp
+LLAMA_BUILT := $(LLAMA_DIR)/$(subst ==,-,$(LLAMA_CPP)).built
+$(LLAMA_BUILT): | $(STAMPS)/test-deps
+	$(RETRY) $(PIP_INSTALL) $(CMAKE) $(DONE)
+	rm -rf $(LLAMA_DIR) && mkdir -p $(LLAMA_DIR)/src
+	$(RETRY) $(PIP) download --no-deps --no-binary llama-cpp-python $(LLAMA_CPP) -d $(LLAMA_DIR) $(DONE)
+	tar -xzf $(LLAMA_DIR)/llama_cpp_python-*.tar.gz -C $(LLAMA_DIR)/src --strip-components=3 \
+		--wildcards 'llama_cpp_python-*/vendor/llama.cpp'
+	$(VENV)/bin/cmake -S $(LLAMA_DIR)/src -B $(LLAMA_DIR)/build -DCMAKE_BUILD_TYPE=Release $(GGML_CPU)
+	$(VENV)/bin/cmake --build $(LLAMA_DIR)/build -j $$(nproc) --target llama-server llama-batched-bench
+	touch $@
+
+# BFCL v4's questions, possible answers and AST checker (benches/bench_tools.py).
+# bfcl-eval without its dependencies, which pin numpy 1.26 (ours is 2.x) and
+# bring every provider's SDK, vLLM-side tooling, sentence-transformers and
+# faiss: the data loading and the checker need only these parsers (the
+# function-doc converter imports them), with tenacity and filelock from
+# requirements-test.txt's clients. The bench stands in for bfcl's model
+# table, the one module the checker imports that needs the SDKs.
+BFCL := bfcl-eval==2026.3.23 tree-sitter==0.21.3 tree-sitter-java==0.21.0 tree-sitter-javascript==0.21.4
+$(STAMPS)/bfcl: Makefile $(STAMPS)/test-deps
+	$(RETRY) $(PIP_INSTALL) --no-deps $(BFCL) $(DONE)
+	@mkdir -p $(STAMPS) && touch $@
+
+bench-setup: test-setup $(STAMPS)/bfcl $(LLAMA_BUILT)
+	CMAKE_ARGS="$(GGML_CPU)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --no-binary llama-cpp-python $(LLAMA_CPP)
 
 # Micro-benchmarks (pytest-benchmark): masks per token, the closing search,
 # grammar compile, a scheduler step, the chat parser. Saved in .benchmarks/
@@ -122,4 +155,4 @@ gpu-bundle: test-setup
 	benches/gpu/bundle.sh .gpu
 
 clean:
-	rm -rf .gpu $(STAMPS) target .ggml dist
+	rm -rf .gpu $(STAMPS) target .ggml dist .bench
