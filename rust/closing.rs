@@ -585,11 +585,37 @@ impl Closer {
     /// completion as it was; one that wrote a value of its own where the
     /// completion had a short one leaves the rest of it).
     pub fn still_fits(&self, m: &mut GrammarMatcher, appended: &[u8], remaining: usize) -> Option<Closing> {
+        self.kept(m, appended, |n| n + 1 < remaining)
+    }
+
+    /// [`Self::still_fits`] with no room to spare: what is left of the last
+    /// completion, where it still completes `m` in at most `left` tokens.
+    /// The search is bounded and may miss a completion that exists (it
+    /// follows one branch first: a tool whose arguments are long before a
+    /// shorter one); a completion already checked does not depend on it.
+    pub fn still_closes(&self, m: &mut GrammarMatcher, appended: &[u8], left: usize) -> Option<Closing> {
+        self.kept(m, appended, |n| n <= left)
+    }
+
+    /// What closes the output from `m` in at most `left` tokens: a search's
+    /// completion (`searched`) where it leaves room, else the shorter of it
+    /// and what is left of the last one (see [`Self::still_closes`]).
+    pub fn closing_within(&self, m: &mut GrammarMatcher, searched: Option<Closing>, appended: &[u8], left: usize) -> Option<Closing> {
+        if searched.as_ref().is_some_and(|t| t.tokens.len() < left) {
+            return searched;
+        }
+        let kept = if self.missed { None } else { self.still_closes(m, appended, left) };
+        searched.into_iter().chain(kept).min_by_key(|c| c.tokens.len())
+    }
+
+    /// The last completion, or a part of it, that completes `m` in a number
+    /// of tokens `room` takes.
+    fn kept(&self, m: &mut GrammarMatcher, appended: &[u8], room: impl Fn(usize) -> bool) -> Option<Closing> {
         let last = &self.last;
-        if last.tokens.is_empty() && remaining > 1 && m.is_accepting() {
+        if last.tokens.is_empty() && room(0) && m.is_accepting() {
             return Some(Closing::default()); // no copy of the matcher needed
         }
-        let fits = |m: &mut GrammarMatcher, c: &Closing| c.tokens.len() + 1 < remaining && m.completed_by(&c.tokens);
+        let fits = |m: &mut GrammarMatcher, c: &Closing| room(c.tokens.len()) && m.completed_by(&c.tokens);
         if fits(m, last) {
             return Some(last.clone());
         }
@@ -808,6 +834,27 @@ XKEY: /"[a-z]*"/ & ~("\"zeta\"" | "\"b\"")
         closer.record(shortest_completion(&after(&g, r#"{"n": 1, "#), 50).unwrap(), 40);
         let kept = closer.still_fits(&mut m, b"", 40).unwrap();
         assert!(completes(&m, &kept.tokens) && kept.bytes.starts_with(b"\""));
+    }
+
+    #[test]
+    fn the_last_completion_closes_with_no_room_to_spare() {
+        let g = schema(r#"{"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"], "additionalProperties": false}"#);
+        let mut m = after(&g, r#"{"s": "a"#);
+        let c = shortest_completion(&m, 50).unwrap();
+        let n = c.tokens.len();
+        let mut closer = Closer::default();
+        closer.record(c.clone(), 40);
+        // no room for a token beside it, so it no longer fits; it still closes the output
+        assert!(closer.still_fits(&mut m, b"", n + 1).is_none());
+        assert_eq!(closer.still_closes(&mut m, b"", n), Some(c.clone()));
+        assert!(closer.still_closes(&mut m, b"", n - 1).is_none());
+        // a search that missed it does not lose it; one that found a completion with room is taken
+        assert_eq!(closer.closing_within(&mut m, None, b"", n), Some(c.clone()));
+        let roomy = Closing { tokens: c.tokens[..1].to_vec(), bytes: c.bytes[..1].to_vec() };
+        assert_eq!(closer.closing_within(&mut m, Some(roomy.clone()), b"", n), Some(roomy));
+        // none was ever found: nothing is kept
+        closer.record_miss(n);
+        assert_eq!(closer.closing_within(&mut m, None, b"", n), None);
     }
 
     #[test]

@@ -642,7 +642,11 @@ impl Sequence {
     /// (the last one found, checked cheaply; a new search where it no longer
     /// works), force it once it fills what is left, and where none fits take
     /// this step's tokens back and force the completion from before them
-    /// (which fit, or was checked to fit, last step). Checked near the
+    /// (which fit, or was checked to fit, last step). The search is bounded
+    /// and may miss a completion that exists, so the last one found stands
+    /// beside it wherever it still completes the output
+    /// ([`Closer::closing_within`]): a completion once found is never lost
+    /// to a search that missed it. Checked near the
     /// budget and now and then before it (a completion grows at most a token
     /// per token sampled), and at every step that may open more than that at
     /// once: forced tokens, a special token, or leaving a point where the
@@ -670,18 +674,23 @@ impl Sequence {
             return closer.record(kept, left);
         }
         let as_length = c.closed_as_length;
-        match shortest_completion(m, left) {
+        let searched = shortest_completion(m, left);
+        if searched.is_none() && closer.missed {
+            return closer.record_miss(left); // none known: cut
+        }
+        match closer.closing_within(m, searched, &appended, left) {
             Some(t) if t.tokens.len() < left => return closer.record(t, left),
             Some(t) => return self.force_closing(m, out, t.tokens, as_length, eos, max_len),
-            None if closer.missed => return closer.record_miss(left), // none known: cut
             None => {}
         }
-        // This step's tokens left no valid completion within the budget.
+        // This step's tokens left no valid completion within the budget:
+        // the completion checked before them closes the output.
         let undone = m.rollback(consumed);
         self.token_ids.truncate(before);
         *out = Commit { appended: true, ..Default::default() };
         let left = self.remaining(max_len);
-        match undone.ok().and_then(|_| shortest_completion(m, left)).map(|c| c.tokens) {
+        let closing = undone.ok().and_then(|_| closer.closing_within(m, shortest_completion(m, left), &[], left));
+        match closing.map(|c| c.tokens) {
             // Complete already: end it here, as the model may.
             Some(t) if t.is_empty() => match self.end_token(m, eos) {
                 Some(e) => {

@@ -1,14 +1,17 @@
 """Required and named calls come back whole at every budget, on every
-template of the matrix (../shared/chat-templates and the written ones).
+template of the matrix (../shared/chat-templates and the written ones);
+a request that asks for no structure is never refused for its budget.
 
 No weights: the engine's scheduler runs each template's own grammar with a
 model that writes at random (equal logits, temperature 1: a uniform draw
 among the tokens the grammar allows, the worst a model can do), at
-max_tokens from the shortest call to +64, over seeds. Every answer must
-parse, in the template's own format, to at least one call of a declared
-tool (the named one where one is named) whose arguments validate, and end
-as the model's own end would ("tool_calls"). What a real model writes under
-each family's grammar is tested in test_chat_tools.py."""
+max_tokens from the shortest call to +64, over seeds, with two sets of
+tools: the probe's two small ones, and five as people write them (a
+send_email whose subject and body are free text, enums, a date). Every
+answer must parse, in the template's own format, to at least one call of a
+declared tool (the named one where one is named) whose arguments validate,
+and end as the model's own end would ("tool_calls"). What a real model
+writes under each family's grammar is tested in test_chat_tools.py."""
 from __future__ import annotations
 
 import json
@@ -22,18 +25,32 @@ from guided.chat.probe import PROBE_TOOLS
 from guided.chat.request import ChatOptions, prepare_chat
 from guided.outputs import CompletionOutput, RequestOutput
 from guided.sampling_params import SamplingParams
+from helpers.real_tools import TOOLS as REAL_TOOLS
 from helpers.templates import WRITTEN, template_model, template_names
 
 QUESTION = [{"role": "user", "content": "What is the weather in Paris, and the time in UTC?"}]
-CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "get_time"}}}
-#: tokens beyond the shortest call, and seeds per budget
-EXTRA, SEEDS = (0, 1, 8, 24, 64), (0, 1)
+#: the tools, the one a named choice names, and the budgets: tokens beyond
+#: the shortest call (the closing is under most pressure just above it:
+#: with the real tools Qwen3's and Command R7B's templates lost calls there)
+TOOL_SETS = {"probe tools": (PROBE_TOOLS, "get_time", (0, 1, 8, 24, 64)),
+             "real tools": (REAL_TOOLS, "send_email", (0, 1, 4, 64))}
+SEEDS = (0, 1)
 
 
 def _matrix() -> list:
     names = template_names()
     return names + list(WRITTEN) if names else [pytest.param("../shared/chat-templates", marks=pytest.mark.skip(
         reason="../shared/chat-templates is absent"))]
+
+
+def _add(sched: _native.Scheduler, sid: int, plan, compiler) -> list[int]:
+    """``plan`` queued as the engine queues it (engine.py: the closing at the
+    budget unless the plan or the request says "cut"); the tokens forced at
+    its start."""
+    on_length = plan.params.on_length or plan.grammar.on_length
+    return sched.add_request(sid, plan.prompt_ids, plan.params, compiler.compile(plan.grammar.text),
+                             close_on_length=on_length != "cut", closed_as_length=on_length == "close_as_length",
+                             reasoning_end=plan.grammar.reasoning_end)
 
 
 def _run(sched: _native.Scheduler, vocab: int, forced: dict[int, list[int]]
@@ -55,25 +72,27 @@ def _run(sched: _native.Scheduler, vocab: int, forced: dict[int, list[int]]
     return out
 
 
+@pytest.mark.parametrize("tool_set", TOOL_SETS)
 @pytest.mark.parametrize("name", _matrix())
-def test_calls_are_whole_at_every_budget(name, default_gguf):
+def test_calls_are_whole_at_every_budget(name, tool_set, default_gguf):
     m = template_model(name, default_gguf)
     chat, compiler = m.chat, m.compiler
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in PROBE_TOOLS}
-    sched = _native.Scheduler(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=8192,
+    tools, named, extra_tokens = TOOL_SETS[tool_set]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    choices = {"required": "required", "named": {"type": "function", "function": {"name": named}}}
+    sched = _native.Scheduler(num_blocks=2048, block_size=16, max_num_seqs=64, max_num_batched_tokens=8192,
                               max_model_len=4096, eos_token_ids=sorted(chat.special.end_ids))
     plans, forced = {}, {}
-    for choice_name, choice in CHOICES.items():
-        options = ChatOptions(tools=PROBE_TOOLS, tool_choice=choice)
+    for choice_name, choice in choices.items():
+        options = ChatOptions(tools=tools, tool_choice=choice)
         whole = prepare_chat(chat, compiler.compile, QUESTION, options, SamplingParams(max_tokens=2048))
         least = len(compiler.compile(whole.grammar.text).matcher().shortest_completion(2048))
-        for extra in EXTRA:
+        for extra in extra_tokens:
             for seed in SEEDS:
                 params = SamplingParams(max_tokens=least + extra, temperature=1.0, seed=seed)
                 plan = prepare_chat(chat, compiler.compile, QUESTION, options, params)
                 sid = len(plans)
-                forced[sid] = sched.add_request(sid, plan.prompt_ids, params, compiler.compile(plan.grammar.text),
-                                                close_on_length=True, reasoning_end=plan.grammar.reasoning_end)
+                forced[sid] = _add(sched, sid, plan, compiler)
                 plans[sid] = (choice_name, params.max_tokens, plan)
     bad = []
     for sid, (tokens, reason, error) in _run(sched, compiler.vocab_size, forced).items():
@@ -92,11 +111,68 @@ def test_calls_are_whole_at_every_budget(name, default_gguf):
         for call in reply.tool_calls:
             fn = call["function"]
             try:
-                assert fn["name"] in schemas and (choice_name != "named" or fn["name"] == "get_time")
+                assert fn["name"] in schemas and (choice_name != "named" or fn["name"] == named)
                 jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]])
             except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
                 bad.append(f"{where}: {fn} {str(exc)[:120]}")
     assert not bad, f"{len(bad)} of {len(plans)}:\n" + "\n".join(bad[:8])
+
+
+#: requests that ask for no structure: the model may answer in text
+UNSTRUCTURED = {"auto": {"tools": PROBE_TOOLS, "tool_choice": "auto"},
+                "none": {"tools": PROBE_TOOLS, "tool_choice": "none"},
+                "no tools": {}}
+
+
+@pytest.mark.parametrize("name", _matrix())
+def test_no_structure_is_never_refused_for_its_budget(name, default_gguf):
+    """tool_choice auto or none, or no tools, at max_tokens 1 to 3: where
+    the answer cannot be whole in the budget (a reasoning block the prompt
+    opened still to close: Qwen3.5's, DeepSeek R1's with thinking on) it is
+    cut there, as text without a grammar is, never refused; with thinking
+    on too where the template has a switch. A required call that cannot fit
+    is refused, saying so in terms of max_tokens."""
+    m = template_model(name, default_gguf)
+    chat, compiler = m.chat, m.compiler
+    sched = _native.Scheduler(num_blocks=1024, block_size=16, max_num_seqs=64, max_num_batched_tokens=16384,
+                              max_model_len=8192, eos_token_ids=sorted(chat.special.end_ids))
+    switches = [{}] + ([{chat.thinking_switch: True}] if chat.thinking_switch else [])
+    plans, forced, refused = {}, {}, []
+    for label, given in UNSTRUCTURED.items():
+        for kwargs in switches:
+            options = ChatOptions(**given, chat_template_kwargs=kwargs or None)
+            for budget in (1, 2, 3):
+                where = f"{label}{' ' + str(kwargs) if kwargs else ''} at max_tokens {budget}"
+                params = SamplingParams(max_tokens=budget, temperature=1.0, seed=budget)
+                try:
+                    plan = prepare_chat(chat, compiler.compile, QUESTION, options, params)
+                    if plan.grammar is None:
+                        continue   # free text: nothing to refuse
+                    sid = len(plans)
+                    forced[sid] = _add(sched, sid, plan, compiler)
+                except ValueError as exc:
+                    refused.append(f"{where}: {exc}")
+                    continue
+                plans[sid] = (where, budget, plan)
+    assert not refused, "\n".join(refused)
+    bad = []
+    for sid, (tokens, reason, error) in _run(sched, compiler.vocab_size, forced).items():
+        where, budget, plan = plans[sid]
+        parser = plan.parser()
+        parser.push(tokens)
+        parser.finish()
+        sample = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=None,
+                                  finish_reason=reason)
+        finish = parser.finish_reason(RequestOutput(request_id=sid, prompt=None, prompt_token_ids=[],
+                                                    outputs=[sample]))
+        if reason not in ("stop", "length") or error or finish == "error" or len(tokens) > budget:
+            bad.append(f"{where}: {reason} {finish} {error or ''} {chat.tokenizer.decode(tokens)!r}")
+    assert not bad, "\n".join(bad)
+    # a required call below its shortest is refused, naming max_tokens
+    plan = prepare_chat(chat, compiler.compile, QUESTION, ChatOptions(tools=PROBE_TOOLS, tool_choice="required"),
+                        SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="max_tokens"):
+        _add(sched, len(plans), plan, compiler)
 
 
 def test_gigachat_auto_ends_at_the_message_end_after_text_and_calls_from_the_start(default_gguf):

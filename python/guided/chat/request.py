@@ -127,9 +127,15 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
             reasoning = replace(reasoning, budget=reasoning_bound(
                 reasoning.budget, params.max_tokens, _shortest(compile_check(body), params.max_tokens)))
         text = compose_chat(chat.special, reasoning=reasoning, tools=tool_plan, answer=answer, frame=frame)
-        compile_check(text)
+        compiled = compile_check(text)
         answer_options = o.structured_outputs if o.structured_outputs is not None else o.response_format
-        grammar = ComposedGrammar(text, on_length(answer_options), _reasoning_end(chat, reasoning))
+        length = on_length(answer_options)
+        if not _asks_structure(tool_plan, answer) and compiled.matcher().shortest_completion(params.max_tokens) is None:
+            # only the template's markup to close (a reasoning block the prompt opened, an answer's
+            # frame), and no room for it: cut at max_tokens as text without a grammar is, not refused
+            length = "cut"
+            params = replace(params, on_length="cut") if params.on_length else params
+        grammar = ComposedGrammar(text, length, _reasoning_end(chat, reasoning))
 
     callable_ = _callable(choice, parsed_tools)
     schemas = {t["name"]: t["schema"] for t in parsed_tools if t["name"] in callable_}
@@ -309,6 +315,13 @@ def _reasoning_end(chat: ChatFormat, r: ReasoningPlan | None) -> tuple[int, int]
     start = 0 if r.state == "open" else \
         len(marker_ids(r.start, chat.special, chat.tokenizer)) + len(chat.tokenizer.encode_text(r.open))
     return end, r.budget + start
+
+
+def _asks_structure(tools: ToolPlan | None, answer: dict | None) -> bool:
+    """Whether a request asks for output that must be whole (a client
+    constraint, calls required or named): refused where its shortest cannot
+    fit max_tokens. Text, tool_choice auto or none and reasoning never are."""
+    return answer is not None or (tools is not None and tools.mode == "required")
 
 
 def _shortest(grammar, max_tokens: int) -> int:
