@@ -14,7 +14,10 @@ tool_calls; a "tool" message per call):
   goes to the template's ``thinking``, which re-renders a call turn's analysis
   as the model wrote it (the reasoning effort stays the same on every turn:
   harmony writes it into the system message, so changing it would re-render
-  the prompt from its first tokens);
+  the prompt from its first tokens); a call the model wrote in another of
+  gpt-oss's spellings (the analysis channel, the recipient after the
+  channel, another content type) comes back in the template's own, so
+  there the next prompt holds the turn up to the call;
 - the answer parsed one token at a time is the answer parsed whole.
 
 The other families run on the default model's weights with renamed tokens
@@ -29,9 +32,10 @@ import jsonschema
 import pytest
 
 from guided import ChatOptions, SamplingParams
+from guided.chat.message_formats import marker_ids
 from helpers.families import BY_NAME
 from helpers.family_model import family_gguf
-from helpers.agent_loop import SYSTEM, cache_shares, run_loop, turn_options
+from helpers.agent_loop import SYSTEM, run_loop, turn_options
 from helpers.tools import ASK, SCHEMAS
 from test_chat_tools import reassemble
 
@@ -101,18 +105,43 @@ def test_the_last_turn_answers_in_text(gpt_oss, loop):
     assert not [m for m in marker_texts(gpt_oss) if m in reply.content + (reply.reasoning_content or "")]
 
 
+def kept(llm, out) -> int:
+    """How many of an answer's tokens the next prompt holds as they were:
+    all of them where its call is in the template's own spelling (or it has
+    none); where the model wrote the call otherwise, those up to the call
+    (the end of its analysis), as the template renders the call its own way."""
+    chat, reply = llm.chat_format, out.outputs[0]
+    ids = list(reply.token_ids)
+    if not reply.tool_calls:
+        return len(ids)
+    own = chat.tools.format.render([{"name": c["function"]["name"], "id": c["id"],
+                                     "arguments": json.loads(c["function"]["arguments"])} for c in reply.tool_calls],
+                                   chat.special)
+    if chat.tokenizer.decode(ids, skip_special_tokens=False).endswith(own):
+        return len(ids)
+    end = marker_ids(chat.markers.end, chat.special, chat.tokenizer)
+    at = next((i for i in range(len(ids) - len(end) + 1) if ids[i:i + len(end)] == end), None)
+    assert at is not None, reply.text   # the required call follows an analysis here (effort "low")
+    return at + len(end)
+
+
 def test_each_turn_finds_the_previous_one_in_the_prefix_cache(gpt_oss, loop):
     """Each prompt starts with the previous prompt and answer, token for
-    token, and the cache serves all of it but the last partial block."""
+    token (up to its call where the model wrote the call in a spelling the
+    template does not render), and the cache serves all of that but the
+    last partial block."""
     outs = [out for _, _, _, out in loop]
     decode = lambda ids: gpt_oss.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-    shares = cache_shares(outs)
-    print("\ngpt-oss GGUF: cached / previous prompt+completion per turn: "
-          + ", ".join(f"{c}/{p} = {c / p:.1%}" for c, p, _ in shares))
-    for (cached, total, same), before, out in zip(shares, outs, outs[1:]):
-        where = (decode(before.prompt_token_ids + before.outputs[0].token_ids), decode(out.prompt_token_ids))
-        assert same, where
-        assert cached >= SHARE * total, (cached, total, where)
+    shares = []
+    for before, out in zip(outs, outs[1:]):
+        previous = before.prompt_token_ids + before.outputs[0].token_ids
+        keep = len(before.prompt_token_ids) + kept(gpt_oss, before)
+        shares.append((out.num_cached_tokens, keep, len(previous)))
+        where = (decode(previous), decode(out.prompt_token_ids))
+        assert out.prompt_token_ids[:keep] == previous[:keep], where
+        assert out.num_cached_tokens >= SHARE * keep, (out.num_cached_tokens, keep, where)
+    print("\ngpt-oss GGUF: cached / previous prompt+completion (kept as written) per turn: "
+          + ", ".join(f"{c}/{p} ({k}) = {c / p:.1%}" for c, k, p in shares))
 
 
 def test_a_call_turn_streams_as_it_came_whole(gpt_oss, loop):

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..special_tokens import SpecialTokens
+from .parts import head
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit,
                            PyArgs, Special, XmlArgs, argument_schemas, resolve)
 
@@ -24,6 +25,7 @@ class ParsedCall:
     index: str | None = None  # the INDEX the model wrote, where the format has one
     args: str = ""            # the arguments JSON text so far
     done: bool = False
+    spelling: int = 0         # which of the format's spellings (0: the template's own)
 
 
 @dataclass
@@ -65,7 +67,8 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
                 # whitespace after the last call (the grammar's trailing
                 # whitespace), or a separator whose call has not begun
                 return calls, True
-            if not cur.peek(f.sep or _lead(f.call)) or not cur.parts(f.sep):
+            nexts = (f.sep,) if f.sep else tuple(head(s) for s in f.spellings)
+            if not any(cur.peek(p) for p in nexts) or not cur.parts(f.sep):
                 break
         call = ParsedCall()
         calls.append(call)
@@ -76,18 +79,28 @@ def parse_calls(text: str, fmt: DetectedFormat, schemas: dict[str, dict],
     return calls, cur.ok
 
 
-def _lead(parts) -> tuple:
-    """The fixed parts a call starts with (up to its first hole)."""
-    out = []
-    for p in parts:
-        if not isinstance(p, (Lit, Special)):
-            break
-        out.append(p)
-    return tuple(out)
-
-
 def _parse_call(cur: "_Cursor", f, call: ParsedCall, schemas: dict[str, dict]) -> bool:
-    parts = f.call
+    """One call, in whichever of the format's spellings the text is (the
+    template's first): True once it is whole; False while it may still
+    become one (``call`` then holds what the first spelling that fits has
+    read so far), or with ``cur.ok`` False where no spelling fits."""
+    start, cut = cur.pos, None
+    for k, parts in enumerate(f.spellings):
+        cur.pos, cur.ok, read = start, True, ParsedCall(spelling=k)
+        if _parse_spelling(cur, f, parts, read, schemas):
+            vars(call).update(vars(read))
+            return True
+        if cur.ok and cut is None:
+            cut = (read, cur.pos)
+    if cut is None:
+        cur.pos, cur.ok = start, False
+        return False
+    vars(call).update(vars(cut[0]))
+    cur.pos, cur.ok = cut[1], True
+    return False
+
+
+def _parse_spelling(cur: "_Cursor", f, parts: tuple, call: ParsedCall, schemas: dict[str, dict]) -> bool:
     for k, part in enumerate(parts):
         if part is NAME:
             call.name = cur.name(schemas, cur.after(parts, k, f.args))

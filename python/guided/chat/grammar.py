@@ -17,8 +17,8 @@ from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
 from .message_formats import text_only
-from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, Part, PyArgs,
-                           Special, XmlArgs, argument_schemas, resolve)
+from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, OneOf, Part,
+                           PyArgs, Special, XmlArgs, argument_schemas, resolve)
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
 TEMPLATE_JSON = {"item_separator": ", ", "key_separator": ": "}
@@ -94,9 +94,8 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
     if tools is None:
         return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"), closing)
     fmt = tools.format
-    tid, trigger_text = resolve(fmt.format.trigger, special)
     # a marker token is never text; a marker of text is kept out of the text
-    avoid = () if tid is not None else (trigger_text,)
+    avoid = tuple(text for tid, text in (resolve(p, special) for p in fmt.format.triggers) if tid is None)
     if tools.mode == "none":   # no call can begin
         text = g.subgrammar("answer", answer) if answer else \
             opt(g.lexeme(text_without(*avoid, anchored=fmt.content_sep is None))) if avoid else regex(r"(?s:.*)")
@@ -121,20 +120,42 @@ def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> C
     "\n" lead off an answer's text lexeme that matches it too, and would
     refuse the calls after it."""
     fmt = plan.format.format
-    opened = bool(fmt.open)
-    first = (fmt.open or fmt.call)[0]
-    one = g.rule("call", alt(*(_call(g, special, fmt, i, t, fmt.call[0 if opened else 1:])
-                               for i, t in enumerate(plan.tools))))
-    whole = one if opened else seq(_parts(special, fmt.call[:1]), one)
+    # each tool's arguments once, however many spellings write them
+    args = [_args(g, special, fmt.args, i, t) for i, t in enumerate(plan.tools)]
+
+    def calls(parts: tuple) -> Expr:   # a call of any tool, from ``parts`` on
+        return alt(*(_call(special, t, a, fmt, parts) for t, a in zip(plan.tools, args)))
+    if fmt.open:
+        one = g.rule("call", calls(fmt.call))
+        heads, whole = [(fmt.open[0], seq(_parts(special, fmt.open[1:]), one))], one
+    else:
+        # a call that may begin several ways (OneOf) is one rule per first part
+        starts = _starts(fmt.call)
+        heads = [(first, g.rule("call" if len(starts) == 1 else f"call_{k}", calls(rest)))
+                 for k, (first, rest) in enumerate(starts)]
+        whole = _either([seq(_fixed(special, first), one) for first, one in heads])
     more = star(seq(_parts(special, fmt.sep), whole)) if plan.parallel else ""
-    tail = seq(_parts(special, fmt.open[1:]), one, more, _parts(special, fmt.close),
+    tail = seq(more, _parts(special, fmt.close),
                lit(plan.format.end_ws) if plan.format.end_ws else _trailing(special, fmt))
 
     def led(lead: str) -> Expr:
-        tid, text = resolve(first, special)
-        start = lit(lead + text) if tid is None else seq(lit(lead) if lead else "", token(tid))
-        return seq(start, tail)
+        def start(first) -> Expr:
+            tid, text = resolve(first, special)
+            return lit(lead + text) if tid is None else seq(lit(lead) if lead else "", token(tid))
+        return seq(_either([seq(start(first), rest) for first, rest in heads]), tail)
     return led
+
+
+def _starts(parts: tuple) -> list[tuple[Special | Lit, tuple]]:
+    """(first part, the rest) for each way ``parts`` may begin: a OneOf at
+    the start stands for each of its options' beginnings."""
+    if isinstance(parts[0], OneOf):
+        return [s for option in parts[0].options for s in _starts(option + parts[1:])]
+    return [(parts[0], parts[1:])]
+
+
+def _either(exprs: list[Expr]) -> Expr:
+    return exprs[0] if len(exprs) == 1 else alt(*exprs)
 
 
 def _trailing(special: SpecialTokens, fmt) -> Expr:
@@ -150,16 +171,19 @@ def _trailing(special: SpecialTokens, fmt) -> Expr:
     return opt(lit(ws)) if ws and not fmt.close else ""
 
 
-def _call(g: GrammarBuilder, special: SpecialTokens, fmt, index: int, tool: Tool,
-          parts: tuple) -> Expr:
+def _call(special: SpecialTokens, tool: Tool, args: Expr, fmt, parts: tuple) -> Expr:
     """One call of ``tool`` (``parts``: the format's call, less a first part
-    the block writes)."""
+    the block writes; ``args``: its arguments' expression). A OneOf is any
+    of its options: the model's other spellings are accepted as the
+    template's own."""
     out = []
     for part in parts:
-        if part is NAME:
+        if isinstance(part, OneOf):
+            out.append(_either([_call(special, tool, args, fmt, option) for option in part.options]))
+        elif part is NAME:
             out.append(lit(tool.name))
         elif part is ARGS:
-            out.append(_args(g, special, fmt.args, index, tool))
+            out.append(args)
         elif part is CALL_ID:
             out.append(regex(fmt.call_id))
         elif part is INDEX:

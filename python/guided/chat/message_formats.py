@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
-from .tool_formats import Lit, Part, Special, resolve
+from .parts import Lit, Part, Special, resolve
 
 
 @dataclass(frozen=True)
@@ -93,27 +93,35 @@ class MarkerReader:
     token: control tokens by id, their text parts by its characters (however
     the text is split into tokens). Tokens that may still begin a marker are
     held until they do or cannot. (A marker of text alone, Apriel's, may
-    begin inside a token: the parser looks for it in the text.)"""
+    begin inside a token: the parser looks for it in the text.)
+
+    A marker may have several spellings (a call's beginnings: gpt-oss's
+    `<|channel|>commentary to=functions.` and `<|channel|>analysis to=functions.`).
+    A marker named in ``runs_on`` goes on into text of its own (the tool's
+    name), which may share a token with its last characters: its tokens,
+    ``matched``, are read on by the caller."""
 
     def __init__(self, special: SpecialTokens, tokenizer: TokenizerWrapper,
-                 markers: dict[str, tuple[Part, ...]]):
-        self.special, self.tok = special, tokenizer
-        self.patterns = {name: marker_items(parts, special) for name, parts in markers.items()
-                         if parts and text_only(parts) is None}
+                 markers: dict[str, tuple[tuple[Part, ...], ...]], runs_on: frozenset[str] = frozenset()):
+        self.special, self.tok, self.runs_on = special, tokenizer, runs_on
+        self.patterns = {name: [marker_items(parts, special) for parts in spellings
+                                if parts and text_only(parts) is None]
+                         for name, spellings in markers.items()}
         self.held: list[int] = []
+        self.matched: list[int] = []   # the tokens of the marker found last
 
     def push(self, t: int, active: tuple[str, ...]) -> tuple[str | None, list[int]]:
         """(the marker that token ``t`` completes, or None; the held tokens
         that turned out to be no marker, to be read as ordinary tokens)."""
-        patterns = [(n, self.patterns[n]) for n in active if n in self.patterns]
+        patterns = [(n, p) for n in active for p in self.patterns.get(n, ())]
         if not self.held and not any(p[0] == t for _, p in patterns):
             return None, [t]        # the common case: no marker starts here
         self.held.append(t)
         items = self._items(self.held)
-        verdicts = [(name, _match(items, p)) for name, p in patterns]
+        verdicts = [(name, _match(items, p, name in self.runs_on)) for name, p in patterns]
         done = next((name for name, v in verdicts if v == "whole"), None)
         if done is not None:
-            self.held = []
+            self.matched, self.held = self.held, []
             return done, []
         if any(v == "prefix" for _, v in verdicts):
             return None, []
@@ -164,13 +172,16 @@ def marker_items(parts: tuple[Part, ...], special: SpecialTokens) -> list[int | 
     return out
 
 
-def _match(items: list[int | str], pattern: list[int | str]) -> str:
-    """"whole", "prefix" (the items may still become the pattern) or "no"."""
+def _match(items: list[int | str], pattern: list[int | str], runs_on: bool = False) -> str:
+    """"whole", "prefix" (the items may still become the pattern) or "no".
+    ``runs_on``: the pattern's last text may be followed by more in the same run."""
     for i, item in enumerate(items):
         if i >= len(pattern) or isinstance(item, int) != isinstance(pattern[i], int):
             return "no"
         if item == pattern[i]:
             continue
         last = i == len(items) - 1
+        if runs_on and last and i == len(pattern) - 1 and isinstance(item, str) and item.startswith(pattern[i]):
+            return "whole"
         return "prefix" if last and isinstance(item, str) and pattern[i].startswith(item) else "no"
     return "whole" if len(items) == len(pattern) else "prefix"

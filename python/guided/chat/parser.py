@@ -14,6 +14,7 @@ What the APIs read besides the deltas are the properties ``called_tools``
 """
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -23,7 +24,9 @@ from ..special_tokens import SpecialTokens
 from ..tokenizer import IncrementalDetokenizer, TokenizerWrapper
 from .calls import ParsedCall, ReadState, parse_calls
 from .message_formats import TAGS, MarkerReader, MessageFormat, text_only
-from .tool_formats import CALL_ID, DetectedFormat, JsonArgs, resolve, specials
+from .prompt import rendered_back
+from .parts import CALL_ID, head, resolve
+from .tool_formats import DetectedFormat, JsonArgs, specials
 
 
 @dataclass
@@ -74,7 +77,9 @@ class ChatParser:
         # the reasoning block's markers and the answer's opening (harmony's
         # channels), found however many tokens they take
         m = markers or TAGS
-        self._markers = MarkerReader(special, tokenizer, {"start": m.start, "end": m.end, "answer": m.answer})
+        self._triggers, calls = self._call_triggers(m)
+        self._markers = MarkerReader(special, tokenizer, {"start": (m.start,), "end": (m.end,), "answer": (m.answer,),
+                                                          "call": calls}, runs_on=frozenset({"call"}))
         # an end marker of text alone (Apriel's) is found in the reasoning's text, wherever tokens split it
         self._end_text = text_only(m.end)
         self._answered = False
@@ -94,6 +99,7 @@ class ChatParser:
         self._done_calls: set[int] = set()
         self._id_prefix = uuid.uuid4().hex[:16]
         self.broken = False                          # the calls block did not parse
+        self._whole: list[ParsedCall] = []           # the calls block's whole calls, at the end
         self.finished = False
         self.ids: list[int] = []                     # every token pushed
         self.on_finish = on_finish
@@ -116,19 +122,45 @@ class ChatParser:
         marker, plain = self._markers.push(t, self._active_markers())
         for u in plain:
             self._route_plain(u)
-        if marker == "start":
+        if marker == "call":   # its tokens, and those held after them, begin the calls block
+            self.mode = "calls"
+            for u in self._markers.matched + self._markers.flush():
+                self._region_push(u)
+        elif marker == "start":
             self.mode = "reasoning"
         elif marker == "end":
             self.mode, self.after_reasoning = "content", True
         elif marker == "answer":
             self._answered = True
 
+    def _call_triggers(self, m: MessageFormat) -> tuple[frozenset[int], tuple]:
+        """The tokens that open a calls block by themselves, and the
+        beginnings of calls read as markers: those whose first token also
+        begins one of the message's markers (gpt-oss's `<|channel|>`, which
+        opens the reasoning block and the answer too, opens a call in
+        `<|channel|>analysis to=functions.`)."""
+        if self.tools is None:
+            return frozenset(), ()
+        fmt = self.tools.format
+        shared = {resolve(p[0], self.special)[0] for p in (m.start, m.end, m.answer) if p}
+        tokens, leads = set(), []
+        for first in fmt.triggers:
+            tid = resolve(first, self.special)[0]
+            starts = [head(s) for s in ((fmt.open,) if fmt.open else fmt.spellings) if s[0] == first]
+            if tid is not None and tid in shared and all(len(h) > 1 for h in starts):
+                leads += starts
+            elif tid is not None:
+                tokens.add(tid)
+        return frozenset(tokens), tuple(dict.fromkeys(leads))
+
     def _active_markers(self) -> tuple[str, ...]:
         if self.mode == "reasoning":
             return ("end",)
-        if self.mode == "calls" or self._content_detok.ids:
+        if self.mode == "calls":
             return ()
-        return ("answer",) * (not self._answered) + ("start",) * (self.layout is not None)
+        if self._content_detok.ids:
+            return ("call",)
+        return ("answer",) * (not self._answered) + ("start",) * (self.layout is not None) + ("call",)
 
     def finish(self) -> list[ChatDelta]:
         """The deltas still held back (trailing whitespace), at the end."""
@@ -137,9 +169,10 @@ class ChatParser:
         self.finished = True
         for t in self._markers.flush():   # the output ended inside a marker
             self._route_plain(t)
+        deltas = self._record(self._deltas(final=True))
         if self.on_finish is not None:
-            self.on_finish(self.ids)
-        return self._record(self._deltas(final=True))
+            self.on_finish(self._rendered_back())
+        return deltas
 
     def finish_reason(self, out: RequestOutput) -> str:
         """OpenAI's finish_reason for the message that ended as ``out``:
@@ -220,25 +253,25 @@ class ChatParser:
         self._split_text_trigger()
 
     def _is_trigger(self, t: int) -> bool:
-        return t == resolve(self.tools.format.trigger, self.special)[0]
+        return t in self._triggers
 
-    def _text_trigger(self) -> str | None:
-        """The text that opens a calls block, for formats whose block starts
+    def _text_triggers(self) -> tuple[str, ...]:
+        """The texts that open a calls block, for formats whose block starts
         with text (Llama's bare JSON, the text envelope, markers the
-        tokenizer has no token for)."""
+        tokenizer has no token for, gpt-oss's ` to=functions.`)."""
         if self.tools is None:
-            return None
-        tid, text = resolve(self.tools.format.trigger, self.special)
-        return text if tid is None else None
+            return ()
+        return tuple(text for tid, text in (resolve(p, self.special) for p in self.tools.format.triggers)
+                     if tid is None)
 
     def _split_text_trigger(self) -> None:
-        trigger = self._text_trigger()
-        if trigger is None:
+        triggers = self._text_triggers()
+        if not triggers:
             return
         text = self._content_detok.text
-        at = 0 if text.startswith(trigger) else -1
+        at = 0 if text.startswith(triggers) else -1
         if self.tools.content_sep is not None:
-            at = text.find(trigger)
+            at = min((i for t in triggers if (i := text.find(t)) >= 0), default=-1)
         if at < 0:
             return
         self.region_prefix = self._stream = text[at:]
@@ -304,16 +337,18 @@ class ChatParser:
         # hold back what could still be a separator or the start of a text trigger
         # and what could still be the start of a stop string
         held = len(text) - len(text.rstrip("\n"))
-        trigger = self._text_trigger()
-        for word in [trigger, *self.stop]:
-            if word is not None and (k := _partial_end(text, word)):
-                if word is trigger:   # and the whitespace before it: a call-only answer's lead
+        triggers = self._text_triggers()
+        for word in [*triggers, *self.stop]:
+            if k := _partial_end(text, word):
+                if word in triggers:   # and the whitespace before it: a call-only answer's lead
                     k = len(text) - len(text[:len(text) - k].rstrip())
                 held = max(held, k)
         return text[:len(text) - held]
 
     def _deltas(self, final: bool) -> list[ChatDelta]:
         calls = self._parse_calls(final) if self.mode == "calls" else []
+        if final:
+            self._whole = [c for c in calls if c.done]
         out = []
         reasoning = self._visible_reasoning()
         if len(reasoning) > self.sent_reasoning:
@@ -332,7 +367,7 @@ class ChatParser:
         if self.tools is None:
             return out
         fmt = self.tools.format
-        needs_id = CALL_ID in fmt.call or fmt.id_template is not None
+        needs_id = fmt.writes(CALL_ID) or fmt.id_template is not None
         for i, call in enumerate(calls):
             if call.name is None or (needs_id and call.call_id is None and call.index is None):
                 break
@@ -352,6 +387,19 @@ class ChatParser:
                 out.append(ChatDelta(tool_calls=[{"index": i, "function": {"arguments": call.args[sent:]}}]))
                 self.sent_calls[i] = (True, len(call.args))
         return out
+
+    def _rendered_back(self) -> list[int]:
+        """The answer's tokens as the template renders it back in the next
+        turn's prompt, for the memo of the model's own tokens (rule 6): the
+        tokens pushed, unless the model wrote a call in a spelling the
+        template does not render (tool_formats.OneOf): then with the calls
+        block as the template renders it (prompt.rendered_back)."""
+        if self.broken or not any(c.spelling for c in self._whole):
+            return self.ids
+        calls = [{"name": c.name, "arguments": json.loads(c.args), "id": c.call_id or ""} for c in self._whole]
+        return rendered_back(self.ids, self.region, self.region_prefix,
+                             self.tools.format.rendered_runs(calls, self.special), self.special, self.tok,
+                             self._block_ends)
 
     # -- the calls block ------------------------------------------------
 

@@ -132,7 +132,7 @@ def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
     round trip (Mistral's "Tool call IDs should be alphanumeric strings with
     length 9!") but takes 9 alphanumerics; else "openai". The text envelope
     is probed too: its calls are content, but the results keep their ids."""
-    if CALL_ID in fmt.call or fmt.id_template:
+    if fmt.writes(CALL_ID) or fmt.id_template:
         return "openai"   # the model writes the ids, in the template's shape
 
     def round_trip(call_id: str) -> bool:

@@ -187,3 +187,60 @@ def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWra
             ids += memo.encode(part, tokenizer, seen[part], counts[part])
             seen[part] += 1
     return ids
+
+
+def rendered_back(ids: list[int], block: list[int], block_prefix: str, runs: list[int | str],
+                  special: SpecialTokens, tokenizer: TokenizerWrapper, block_ends: frozenset[int]) -> list[int]:
+    """An answer's tokens ``ids`` with its calls block (its last tokens,
+    ``block``, and ``block_prefix``, the block's text that tokens before it
+    hold: a text trigger) as the template renders it back (``runs``: its
+    marker tokens and texts, tool_formats.ToolFormat.rendered_runs): each
+    text in the model's tokens where the model wrote that text, in the
+    tokenizer's elsewhere. Remembered so (CompletionMemo), a text the
+    template writes in every call turn ("commentary json") keeps one
+    tokenization per turn it comes back from, in order, where the model
+    wrote some calls otherwise (gpt-oss's other spellings)."""
+    controls = special.control_ids
+    before = ids[:len(ids) - len(block)]
+    k = len(before)
+    while k and before[k - 1] not in controls:
+        k -= 1
+    # the text run the block begins in: its text before the block, and in the block
+    head, written_runs = before[k:], _runs(block, controls)
+    head_text = tokenizer.decode(head) if head else ""
+    if not head_text.endswith(block_prefix):
+        return ids
+    lead = head_text[:len(head_text) - len(block_prefix)]
+    first = written_runs.pop(0) if block and block[0] not in controls else []
+    written: dict[str, list[list[int]]] = {}
+    for run in written_runs:
+        written.setdefault(tokenizer.decode(run), []).append(run)
+    items = list(runs)
+    text = lead + (items.pop(0) if items and isinstance(items[0], str) else "")
+    out = before[:k]
+    if text == head_text + (tokenizer.decode(first) if first else ""):
+        out += head + first
+    elif not block_prefix:   # the block began with a marker token: the run before it is the model's
+        out += head + (tokenizer.encode_text(text[len(lead):]) if len(text) > len(lead) else [])
+    else:
+        out += tokenizer.encode_text(text)
+    for item in items:
+        out += [item] if isinstance(item, int) else \
+            written[item].pop(0) if written.get(item) else tokenizer.encode_text(item)
+    tail: list[int] = []
+    for t in reversed(block):   # end tokens after the block, not its own
+        if t not in special.end_ids or t in block_ends:
+            break
+        tail.insert(0, t)
+    return out + tail
+
+
+def _runs(ids: list[int], controls) -> list[list[int]]:
+    """The runs of text tokens between control tokens."""
+    out: list[list[int]] = [[]]
+    for t in ids:
+        if t in controls:
+            out.append([])
+        else:
+            out[-1].append(t)
+    return [r for r in out if r]

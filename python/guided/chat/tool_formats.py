@@ -1,65 +1,31 @@
 """The tool-call format table: how each model family writes a tool call.
 
-Each format is a sequence of parts: marker tokens (spelled here only: the
-registry's tool rows come from MARKERS), literal text, and three holes (the
-tool's NAME, its ARGS, a CALL_ID the model writes). From these one
+Each format is a sequence of parts (chat/parts.py): marker tokens (spelled
+here only: the registry's tool rows come from MARKERS), literal text, and
+holes (the tool's NAME, its ARGS, a CALL_ID the model writes). From these one
 description come the three things that must agree byte for byte (DESIGN.md
 rules 5 and 6): the grammar that makes the model write a call
 (chat/grammar.py), the parser that reads it back (chat/parser.py), and the
 text the family's template renders for a past call, which probe.py checks
 by rendering a probe conversation.
+
+Where a family's models also write a call otherwise than its template
+renders one (gpt-oss: the recipient after the channel, the analysis
+channel, with or without the content type), a ``OneOf`` part lists the
+spellings: the first is the template's (the one rendered, so the one that
+comes back in the next turn's prompt), the others are accepted by the
+grammar and read by the parser, never rendered.
 """
 from __future__ import annotations
 
 import json
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from urllib.parse import unquote
 
 from ..special_tokens import SpecialTokens
-
-
-@dataclass(frozen=True)
-class Special:
-    """A marker: the model's added token spelled ``text`` where it has one,
-    else that text (the template writes the marker as text). This table is
-    the one place a tool-call marker is spelled; the registry finds it among
-    the added tokens by its text, or by its name where it has one (the
-    registry's MARKER_ROLES)."""
-
-    text: str
-    #: the registry's name for the marker where other modules ask for it by
-    #: name (``registry.id("tool_call_start")``); else its text is its role
-    name: str | None = None
-
-    @property
-    def role(self) -> str:
-        return self.name or self.text
-
-
-def resolve(part: "Special | Lit", special: SpecialTokens | None) -> tuple[int | None, str]:
-    """(token id or None, text) of a fixed part."""
-    tid = special.id(part.role) if isinstance(part, Special) and special is not None else None
-    return tid, part.text
-
-
-@dataclass(frozen=True)
-class Lit:
-    text: str
-
-
-@dataclass(frozen=True)
-class Hole:
-    kind: str   # "name", "args", "call_id", "index" or "is_string"
-
-
-#: The tool's name, its arguments, an id the model writes (matching the
-#: format's ``call_id``), the call's position in its message (written by the
-#: model, never an id), and inside an argument's tag "true"/"false" for
-#: whether its value is a string (DeepSeek V3.2's typed attribute).
-NAME, ARGS, CALL_ID, INDEX, IS_STRING = (Hole("name"), Hole("args"), Hole("call_id"), Hole("index"),
-                                         Hole("is_string"))
-Part = Special | Lit | Hole
+from .parts import ARGS, CALL_ID, INDEX, IS_STRING, NAME, Hole, Lit, OneOf, Part, Special, resolve, spellings
 
 
 @dataclass(frozen=True)
@@ -177,34 +143,62 @@ class ToolFormat:
     #: (Kimi's "functions.{name}:{index}"), the ids given to calls
     id_template: str | None = None
 
-    @property
-    def trigger(self) -> Part:
-        """The first part of a call block: where the parser switches to calls."""
-        return (self.open or self.call)[0]
+    @cached_property
+    def spellings(self) -> tuple[tuple[Part, ...], ...]:
+        """The ways a call may be written (tool_formats.spellings of
+        ``call``): the template's first, the only one where ``call`` has no OneOf."""
+        return spellings(self.call)
+
+    @cached_property
+    def triggers(self) -> tuple[Special | Lit, ...]:
+        """The first parts of a call block, one per spelling (the open part
+        where the block has one): where the parser switches to calls."""
+        return tuple(dict.fromkeys(self.open[:1] or tuple(s[0] for s in self.spellings)))
+
+    def writes(self, hole: Hole) -> bool:
+        """Whether a call holds ``hole`` (in any of its spellings)."""
+        return any(hole in s for s in self.spellings)
 
     def render(self, calls: list[dict], special: SpecialTokens | None) -> str:
-        """The text of a calls block (``calls``: name, arguments dict, id)."""
+        """The text of a calls block (``calls``: name, arguments dict, id),
+        each call in the template's own spelling."""
+        return "".join(text for _, text in self._rendered(calls, special))
+
+    def rendered_runs(self, calls: list[dict], special: SpecialTokens) -> list[int | str]:
+        """The calls block as ``render`` writes it: marker tokens by id, the
+        texts between them whole."""
+        out: list[int | str] = []
+        for tid, text in self._rendered(calls, special):
+            if tid is not None:
+                out.append(tid)
+            elif out and isinstance(out[-1], str):
+                out[-1] += text
+            elif text:
+                out.append(text)
+        return out
+
+    def _rendered(self, calls: list[dict], special: SpecialTokens | None) -> list[tuple[int | None, str]]:
         parts = list(self.open)
         for i, _ in enumerate(calls):
-            parts += ([*self.sep] if i else []) + [(p, i) for p in self.call]
+            parts += ([*self.sep] if i else []) + [(p, i) for p in self.spellings[0]]
         parts += list(self.close)
         out = []
         for item in parts:
             part, i = item if isinstance(item, tuple) else (item, None)
             out.append(self._render_part(part, calls[i] if i is not None else None, i, special))
-        return "".join(out)
+        return out
 
     def _render_part(self, part: Part, call: dict | None, index: int | None,
-                     special: SpecialTokens | None) -> str:
+                     special: SpecialTokens | None) -> tuple[int | None, str]:
         if isinstance(part, (Lit, Special)):
-            return resolve(part, special)[1]
+            return resolve(part, special)
         if part is NAME:
-            return call["name"]
+            return None, call["name"]
         if part is CALL_ID:
-            return call["id"]
+            return None, call["id"]
         if part is INDEX:
-            return str(index)
-        return render_args(call["arguments"], self.args, special)
+            return None, str(index)
+        return None, render_args(call["arguments"], self.args, special)
 
 
 def render_args(arguments: dict, style: ArgsStyle, special: SpecialTokens | None = None) -> str:
@@ -236,6 +230,10 @@ def xml_value(value, style: XmlArgs) -> str:
 TOOL_CALL_START = Special("<tool_call>", "tool_call_start")
 TOOL_CALL_END = Special("</tool_call>", "tool_call_end")
 
+#: gpt-oss's channels for a call, and its content types (the template's first)
+HARMONY_CHANNEL = OneOf((Lit("commentary"),), (Lit("analysis"),))
+HARMONY_TYPE = OneOf((Lit(" json"),), (Lit(" "), Special("<|constrain|>"), Lit("json")), ())
+
 TABLE: tuple[ToolFormat, ...] = (
     # Hermes, Qwen2.5, Qwen3: JSON inside <tool_call> tokens
     ToolFormat("hermes", call=(TOOL_CALL_START, Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS,
@@ -247,9 +245,16 @@ TABLE: tuple[ToolFormat, ...] = (
                sep=(Lit("\n"),),
                args=XmlArgs(key_open=(Lit("<parameter="),), key_close=(Lit(">\n"),),
                             value_close=(Lit("\n</parameter>\n"),))),
-    # gpt-oss (harmony): one call per message, to functions.NAME in the
-    # commentary channel, ended by <|call|> (an end token: the turn ends there)
-    ToolFormat("harmony", call=(Lit(" to=functions."), NAME, Special("<|channel|>"), Lit("commentary json"),
+    # gpt-oss (harmony): one call per message to functions.NAME, ended by
+    # <|call|> (an end token: the turn ends there). The template writes the
+    # recipient in the header and the commentary channel, content type json;
+    # the models also write the recipient after the channel, on the analysis
+    # channel, the type as <|constrain|>json or none (OpenAI's harmony
+    # format; llama.cpp's and vLLM's gpt-oss parsers take them all).
+    ToolFormat("harmony", call=(OneOf((Lit(" to=functions."), NAME, Special("<|channel|>"), HARMONY_CHANNEL,
+                                       HARMONY_TYPE),
+                                      (Special("<|channel|>"), HARMONY_CHANNEL, Lit(" to=functions."), NAME,
+                                       HARMONY_TYPE)),
                                 Special("<|message|>"), ARGS, Special("<|call|>"))),
     # GigaChat 3: a call is a turn of its own after the answer's end of message
     ToolFormat("gigachat", call=(Special("<|message_sep|>"), Lit("\n\nfunction call"), Special("<|role_sep|>"),
@@ -374,9 +379,10 @@ TABLE: tuple[ToolFormat, ...] = (
 
 
 def specials(fmt: ToolFormat) -> tuple[Special, ...]:
-    """The markers a format writes, its arguments' included."""
+    """The markers a format writes (in any spelling), its arguments' included."""
     args = (*fmt.args.key_open, *fmt.args.key_close, *fmt.args.value_close) if isinstance(fmt.args, XmlArgs) else ()
-    return tuple(p for p in (*fmt.open, *fmt.call, *fmt.sep, *fmt.close, *args) if isinstance(p, Special))
+    calls = (p for s in fmt.spellings for p in s)
+    return tuple(dict.fromkeys(p for p in (*fmt.open, *calls, *fmt.sep, *fmt.close, *args) if isinstance(p, Special)))
 
 
 #: Every marker the table writes, once.
