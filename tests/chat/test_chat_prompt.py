@@ -8,13 +8,15 @@ import json
 import os
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from guided.chat.chat_format import ChatFormat, normalize_messages
 from guided.chat.grammar import ReasoningPlan, compose_chat
 from guided.special_tokens import SpecialTokens
 from guided.tokenizer import TokenizerWrapper
 from helpers.families import FAMILIES, build
-from helpers.templates import assert_no_injection
+from helpers.templates import assert_no_injection, template_model
 
 
 def chat_format_of(info: dict, template: str | None = None) -> ChatFormat:
@@ -141,3 +143,69 @@ def test_tool_call_arguments_as_dict_or_string_render_alike(formats):
     assert as_dict == as_text and '{"name": "f", "arguments": {"a": 1}}' in as_dict
     with pytest.raises(ValueError, match=r"messages\[1\].tool_calls\[0\].function.arguments"):
         normalize_messages(call("{not json"), chat.tools)
+
+
+# -- the completion memo (rule 6) -------------------------------------------
+
+TEXT = st.text(alphabet="\n :ab.", max_size=6)
+
+
+@pytest.fixture(scope="module")
+def qwen35(default_gguf):
+    """Qwen3.5's template (its generation prompt opens `<think>\\n`) on the
+    default tokenizer, its markers as special tokens."""
+    return template_model("written: Qwen3.5", default_gguf).chat
+
+
+@settings(deadline=None)
+@example(first="\n", before="a:", between="\n\nok")   # the "\n" a model writes before </think>
+@example(first="\n", before="", between="\n\n")
+@given(first=TEXT.filter(bool), before=TEXT, between=TEXT.filter(bool))
+def test_a_remembered_run_changes_only_its_own_answer(qwen35, first, before, between):
+    """An answer whose text runs the model wrote in tokens of its own (each
+    character apart): the next turns' prompts start with the previous
+    prompt and answer, token for token, and every other piece of them is
+    the tokenizer's own split, though the same texts end a system prompt's
+    paragraph or a user message, or stand between control tokens other than
+    those the model wrote them after. (The first run comes back after the
+    generation prompt's "\n": Qwen3.5's "<think>\n" + "\n" + "</think>".)"""
+    from guided.chat.prompt import CompletionMemo, ControlEscaper, tokenize_rendered
+    special, tok = qwen35.special, qwen35.tokenizer
+    escaper, memo = ControlEscaper(special, []), CompletionMemo()
+    encode = lambda text, m=None: tokenize_rendered(text, special, tok, escaper, m)  # noqa: E731
+    apart = lambda text: [t for c in text for t in tok.encode_text(c)]  # noqa: E731
+    ctl = special.by_text.__getitem__
+    # the answer: a first run, </think>, a run, a call, the end of the turn
+    answer_text = f"{first}</think>{between}<tool_call>{between}</tool_call><|im_end|>"
+    answer = [*apart(first), ctl("</think>"), *apart(between), ctl("<tool_call>"), *apart(between),
+              ctl("</tool_call>"), ctl("<|im_end|>")]
+    # the same texts at the ends of pieces and as whole pieces, after other control tokens
+    system = (f"<|im_start|>system\n{before}{first}</tool_call>{first}</tool_call>{between}<|im_end|>\n"
+              f"<|im_start|>user\n{before}{between}{first}<|im_end|>\n")
+    gen = "<|im_start|>assistant\n<think>\n"
+    again = f"\n<|im_start|>user\n{before}{first}<|im_end|>\n" + gen
+    prompt = system + gen
+    ids = encode(prompt, memo)
+    assert ids == encode(prompt)
+    for _ in range(2):   # two turns: the second answer leaves the first one's tokens as they were
+        memo.remember(answer, special, tok)
+        assert encode(prompt, memo) == ids   # the prompt before the answer keeps its tokens
+        following = prompt + answer_text + again
+        next_ids = encode(following, memo)
+        assert next_ids[:len(ids) + len(answer)] == ids + answer
+        assert next_ids[len(ids) + len(answer):] == encode(again)
+        prompt, ids = following, next_ids
+
+
+def test_escaped_arguments_still_print_as_json(qwen35):
+    """A past call's arguments, escaped for rule 7, print as the JSON the
+    model wrote (a template that writes `{{ arguments }}` or `|string`:
+    InternLM2, Phi-4-mini), not as Python's repr of a dict (rule 6)."""
+    from guided.chat.chat_format import TemplateArguments
+    from guided.chat.prompt import ControlEscaper, strings_in
+    args = TemplateArguments({"city": "Paris <|im_end|>", "stops": [{"city": "Rome"}], "ok": True})
+    escaper = ControlEscaper(qwen35.special, strings_in(args))
+    escaped = escaper.escape(args)
+    assert "<|im_end|>" not in str(escaped)
+    assert escaper.unescape(str(escaped)) == str(args) == json.dumps(args)
+    assert escaper.unescape(str(escaped["stops"])) == '[{"city": "Rome"}]'

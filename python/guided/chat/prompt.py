@@ -47,14 +47,19 @@ class ControlEscaper:
         self._back = re.compile("|".join(map(re.escape, self.from_sentinel))) if texts else None
 
     def escape(self, value: Any) -> Any:
-        """``value`` with every string in it escaped (dicts, lists, tuples)."""
+        """``value`` with every string in it escaped (dicts, lists, tuples),
+        of its own type where that is a subclass: tool-call arguments print
+        as the JSON the model wrote (chat_format.TemplateArguments), not as
+        Python's repr of a dict (rule 6)."""
         if isinstance(value, str):
             return self._find.sub(lambda m: self.to_sentinel[m.group(0)], value) \
                 if self._find else value
         if isinstance(value, dict):
-            return {self.escape(k): self.escape(v) for k, v in value.items()}
+            escaped = {self.escape(k): self.escape(v) for k, v in value.items()}
+            return escaped if type(value) is dict else type(value)(escaped)
         if isinstance(value, (list, tuple)):
-            return [self.escape(v) for v in value]
+            items = [self.escape(v) for v in value]
+            return items if type(value) in (list, tuple) else type(value)(items)
         return value
 
     def unescape(self, text: str) -> str:
@@ -84,32 +89,42 @@ class CompletionMemo:
     back, its text runs are tokenized as the model wrote them: the same text,
     the same tokens, the cache hit up to the new turn.
 
-    A run between two control tokens comes back as a whole piece of the
-    prompt and is matched only so; an answer's first run (when the answer
-    starts with text) comes back after the generation prompt's text and is
-    matched at the end of a piece. No other piece is touched: a short run
-    such as "\n" between two calls must not re-split an earlier turn.
+    A run is matched only where its answer comes back, so that it changes no
+    other piece of the prompt. A run after a control token the model wrote
+    comes back as a whole piece after that same control token. An answer's
+    first run (when the answer starts with text) comes back in one piece
+    with the text its prompt ended with: after the prompt's last control
+    token, that text, then the run ("assistant\n" + the answer; Qwen3.5's
+    "\n" after <think> + the "\n" the model writes before </think>). The
+    ends of recent prompts are kept (``prompt_end``), and a first run is
+    matched only in a piece that is such an end followed by the run,
+    wholly: "\n" written before </think> must not re-split the "\n\n" that
+    ends a paragraph of the system prompt, and the "\n\n" a model writes
+    between </think> and a call must not re-split the "\n" + "\n" of a
+    reasoning block it left empty.
     """
 
-    _KEY_TAIL = 16
-    _KEPT = 8   # tokenizations kept per text
+    _KEPT = 8           # tokenizations kept per run
+    _ENDS_KEPT = 64     # prompt ends kept (a template has one or two; continued messages add theirs)
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        #: (text, at_end) → the tokenizations the model wrote it in, oldest first
-        self._runs: OrderedDict[tuple[str, bool], list[list[int]]] = OrderedDict()
-        self._by_tail: dict[str, set[str]] = {}
+        #: (text, the control token before it, or None for an answer's first
+        #: run) → the tokenizations the model wrote it in, oldest first
+        self._runs: OrderedDict[tuple[str, int | None], list[list[int]]] = OrderedDict()
+        #: (a prompt's last control token or None, the text after it) of recent prompts
+        self._ends: OrderedDict[tuple[int | None, str], None] = OrderedDict()
         self._lock = threading.Lock()
 
     def remember(self, ids: list[int], special: SpecialTokens, tokenizer: TokenizerWrapper) -> None:
         run: list[int] = []
-        first = True
+        after: int | None = None    # the control token before the run; None: the answer's start
         for t in [*ids, None]:
             if t is not None and t not in special.control_ids:
                 run.append(t)
                 continue
             if run:
-                self._put_run(run, first, tokenizer)
+                self._put_run(run, after, tokenizer)
                 # the answer's last run, less the whitespace a model may
                 # write after its last call (the grammar's _trailing), which
                 # no template writes back
@@ -117,53 +132,67 @@ class CompletionMemo:
                 while bare and not tokenizer.decode(run[bare - 1:bare]).strip():
                     bare -= 1
                 if (t is None or t in special.end_ids) and 0 < bare < len(run):
-                    self._put_run(run[:bare], first, tokenizer)
+                    self._put_run(run[:bare], after, tokenizer)
             run = []
-            first = False
+            after = t
 
-    def _put_run(self, run: list[int], at_end: bool, tokenizer: TokenizerWrapper) -> None:
+    def prompt_end(self, control: int | None, text: str) -> None:
+        """A prompt the model answers ends with ``control`` (None: no control
+        token in it) and ``text`` after it: its answer's first run comes
+        back after them."""
+        with self._lock:
+            self._ends[(control, text)] = None
+            self._ends.move_to_end((control, text))
+            while len(self._ends) > self._ENDS_KEPT:
+                self._ends.popitem(last=False)
+
+    def _put_run(self, run: list[int], after: int | None, tokenizer: TokenizerWrapper) -> None:
         text = tokenizer.decode(run, skip_special_tokens=False)
         if "\ufffd" not in text:
-            self._put(text, run, at_end=at_end)
+            self._put(text, run, after)
 
-    def _put(self, text: str, ids: list[int], at_end: bool) -> None:
+    def _put(self, text: str, ids: list[int], after: int | None) -> None:
         with self._lock:
-            key = (text, at_end)
+            key = (text, after)
             kept = self._runs.setdefault(key, [])
             kept.append(list(ids))
             del kept[:-self._KEPT]
             self._runs.move_to_end(key)
-            if at_end:
-                self._by_tail.setdefault(text[-self._KEY_TAIL:], set()).add(text)
             while len(self._runs) > self.capacity:
-                (old, old_at_end), _ = self._runs.popitem(last=False)
-                if old_at_end:
-                    self._by_tail.get(old[-self._KEY_TAIL:], set()).discard(old)
+                self._runs.popitem(last=False)
 
-    def encode(self, piece: str, tokenizer: TokenizerWrapper, occurrence: int = 0, count: int = 1) -> list[int]:
-        """``piece`` as tokens: a remembered run that is the whole piece, or
-        an answer's first run at its end, keeps its tokens. Where the same
-        text comes ``count`` times in one prompt (one tool called each turn),
-        the last occurrences take the latest tokenizations, in order."""
+    def encode(self, piece: str, after: int | None, tokenizer: TokenizerWrapper,
+               occurrence: int = 0, count: int = 1) -> list[int]:
+        """``piece`` (after the control token ``after``; None: at the prompt's
+        start) as tokens. A piece that is a prompt's end and then an
+        answer's first run (the longest such run) is the end in the
+        tokenizer's tokens and the run in the model's; else a run the model
+        wrote after ``after`` that is the whole piece keeps its tokens. Where
+        the same text comes ``count`` times after the same control token in
+        one prompt (one tool called each turn), the last occurrences take
+        the latest tokenizations, in order."""
+        head, first = None, None
         with self._lock:
-            whole = self._runs.get((piece, False))
+            for control, text in self._ends:
+                if control == after and len(text) < len(piece) and piece.startswith(text) \
+                        and (head is None or len(text) < len(head)) \
+                        and (kept := self._runs.get((piece[len(text):], None))):
+                    head, first = text, list(kept[-1])
+            # (a first run's key holds None: no piece at a prompt's start takes it whole)
+            whole = self._runs.get((piece, after)) if first is None and after is not None else None
             if whole:
                 return list(whole[max(0, len(whole) - count + occurrence)])
-            best = ""
-            for k in range(1, min(self._KEY_TAIL, len(piece)) + 1):
-                for key in self._by_tail.get(piece[-k:], ()):
-                    if len(key) > len(best) and piece.endswith(key):
-                        best = key
-            ids = list(self._runs[(best, True)][-1]) if best else []
-        head = piece[:len(piece) - len(best)]
-        return (tokenizer.encode_text(head) if head else []) + ids
+        if first is None:
+            return tokenizer.encode_text(piece)
+        return (tokenizer.encode_text(head) if head else []) + first
 
 
 def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWrapper,
                       escaper: ControlEscaper, memo: CompletionMemo | None = None) -> list[int]:
     """Token ids of a rendered prompt: added-token texts (the template's) as
     their ids, everything between as plain text with the client's characters
-    restored (and the model's own tokens for text it wrote, from ``memo``)."""
+    restored (and the model's own tokens for text it wrote, from ``memo``,
+    which learns where this prompt ends: its answer starts there)."""
     by_text = {t: i for i, t in sorted(special.texts.items(), reverse=True)}
     pattern = re.compile("|".join(map(re.escape, sorted(by_text, key=len, reverse=True))))
     parts: list[str | int] = []   # plain pieces and control token ids, in order
@@ -175,17 +204,24 @@ def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWra
         pos = m.end()
     if pos < len(text):
         parts.append(escaper.unescape(text[pos:]))
-    counts = Counter(p for p in parts if isinstance(p, str))
+    # the part before each part: for a piece, its control token (None at the prompt's start)
+    before = [parts[i - 1] if i else None for i in range(len(parts))]
+    counts = Counter((p, b) for p, b in zip(parts, before) if isinstance(p, str))
     seen: Counter = Counter()
     ids: list[int] = []
-    for part in parts:
+    for part, after in zip(parts, before):
         if isinstance(part, int):
             ids.append(part)
         elif memo is None:
             ids += tokenizer.encode_text(part)
         else:
-            ids += memo.encode(part, tokenizer, seen[part], counts[part])
-            seen[part] += 1
+            ids += memo.encode(part, after, tokenizer, seen[part, after], counts[part, after])
+            seen[part, after] += 1
+    if memo is not None:   # the answer starts where the prompt ends
+        if parts and isinstance(parts[-1], str):
+            memo.prompt_end(before[-1], parts[-1])
+        else:
+            memo.prompt_end(parts[-1] if parts else None, "")
     return ids
 
 
