@@ -27,14 +27,17 @@ from tokenizers import Tokenizer
 KNOWN_END_TEXTS = frozenset({
     "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>",
     "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
+    "<|end_of_msg|>",   # Kimi K3's: its template writes it after <|close|>message<|sep|>, not right after the answer
 })
 
-# Added tokens that end one message, not the turn, in a vocabulary that also
-# has the token named beside them: harmony (gpt-oss) ends its analysis
-# message with <|end|> and goes on in the same turn; <|return|> and <|call|>
-# end the turn. Such a token is no end token, declared or not (llama.cpp
-# drops it from its end-of-generation set alike).
-MESSAGE_END_TEXTS: Mapping[str, str] = MappingProxyType({"<|end|>": "<|return|>"})
+# Added tokens that end one message or tag, not the turn, in a vocabulary
+# that also has the token named beside them: harmony (gpt-oss) ends its
+# analysis message with <|end|> and goes on in the same turn; <|return|> and
+# <|call|> end the turn. Kimi K3 closes each tag (its answer's, its
+# message's) with <|close|>; <|end_of_msg|> ends the turn. Such a token is no
+# end token, declared or found after an answer in the template (llama.cpp
+# drops <|end|> from its end-of-generation set alike).
+MESSAGE_END_TEXTS: Mapping[str, str] = MappingProxyType({"<|end|>": "<|return|>", "<|close|>": "<|end_of_msg|>"})
 
 # End tokens a grammar writes itself where a call or an answer ends (harmony's
 # <|call|>, GigaChat's <|message_sep|>, which a call turn may follow); no
@@ -96,7 +99,7 @@ class SpecialTokens:
         texts = {tid: tok.content for tid, tok in decoder.items()}
         ids = {text: tid for tid, text in sorted(texts.items(), reverse=True)}
         ends = set(declared_end_ids) | {ids[t] for t in KNOWN_END_TEXTS if t in ids}
-        ends -= {ids[t] for t, turn_end in MESSAGE_END_TEXTS.items() if t in ids and turn_end in ids}
+        ends -= _message_ends(ids)
         if not ends:
             raise ValueError("the model declares no end token; generation could never stop")
         roles: dict[str, int] = {}
@@ -109,8 +112,10 @@ class SpecialTokens:
                    pad_id=ids.get(pad_token) if pad_token else None, by_text=MappingProxyType(ids))
 
     def with_end_ids(self, extra: set[int]) -> "SpecialTokens":
-        """The registry with more end tokens (found in the chat template)."""
-        return SpecialTokens(self.end_ids | frozenset(extra), self.control_ids, self.texts,
+        """The registry with more end tokens (found in the chat template),
+        none that ends only a message (MESSAGE_END_TEXTS)."""
+        extra = frozenset(extra) - _message_ends(self.by_text)
+        return SpecialTokens(self.end_ids | extra, self.control_ids, self.texts,
                              self.roles, self.bos_id, self.pad_id, self.by_text)
 
     # -- questions the other layers ask --------------------------------
@@ -146,3 +151,9 @@ class SpecialTokens:
         if a in self.roles and b in self.roles:
             return self.roles[a], self.roles[b]
         return None
+
+
+def _message_ends(ids: Mapping[str, int]) -> set[int]:
+    """The tokens of ``ids`` (text → id) that end a message, not the turn:
+    MESSAGE_END_TEXTS whose turn's end is in the vocabulary too."""
+    return {ids[t] for t, turn_end in MESSAGE_END_TEXTS.items() if t in ids and turn_end in ids}

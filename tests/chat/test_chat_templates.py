@@ -15,8 +15,8 @@ things that must agree byte for byte (DESIGN.md rules 5 and 6):
 - a 3-turn conversation sent back as the OpenAI SDK sends it (content null
   on the call turn, results as role "tool" with the returned ids) renders,
   and each turn's prompt starts with the previous prompt and answer: the
-  prefix-cache hit, at least 95% unless the template itself re-renders a
-  past turn (printed with the reason).
+  prefix-cache hit, each turn at least 95% unless the template itself
+  re-renders the answer before it (printed with the reason and the turn).
 
 The table printed at the end is the matrix. What a real model writes under
 each grammar is tested per family in test_chat_tools.py.
@@ -49,9 +49,6 @@ ANSWER = "It is sunny and noon."
 #: only in a way no format can round-trip (the reason is printed).
 ENVELOPE_REASONS = {
     "moonshotai-Kimi-K2.jinja": "the template renders only a call turn's content, never its calls",
-    "Kimi-K3.jinja": "Kimi K3 frames the answer and the calls after it in tag tokens inside a message "
-                     "tag (<|open|>response<|sep|>…<|close|>response<|sep|><|open|>tools<|sep|>…): "
-                     "not yet a row of the table, so its calls travel in the envelope",
     "vllm-tool_chat_template_llama3.2_pythonic.jinja": "it prints string values unquoted "
                                                        "(city=Paris): not a Python call",
     "vllm-tool_chat_template_toolace.jinja": "it appends a stray 'r' to every value: not a Python call",
@@ -101,10 +98,12 @@ def _reasoning_prefix(chat, state: str | None) -> str:
 def _framed(chat, answer: str) -> str:
     """An answer that is not calls as the model writes it: after what opens
     it (harmony's final channel), before what ends it (GigaChat's end of
-    message, which the grammar writes)."""
+    message, which the grammar writes; Kimi K3's response tag closed, then
+    its message tag)."""
     if chat.markers is None:
         return answer
-    return chat.markers.text("answer", chat.special) + answer + chat.markers.text("answer_end", chat.special)
+    text = lambda k: chat.markers.text(k, chat.special)  # noqa: E731
+    return text("answer") + answer + text("answer_end") + text("message_end")
 
 
 def _results(reply: dict) -> list[dict]:
@@ -319,15 +318,19 @@ def test_template(name, default_gguf):
                                 close2 + _framed(chat, ANSWER) + end_text, again)
     ids2 = _tokens(chat, text2)
     answered, _ = _parse(turn2, ids2, stream=False)   # as served: the parser remembers the answer's tokens
-    # (Hunyuan's template has no generation prompt: its answers begin "助手：")
-    assert answered.content.endswith(ANSWER) and not answered.tool_calls, (name, answered)
+    # (Hunyuan's template has no generation prompt: its answers begin "助手："; Apriel 1.5's
+    # writes a newline before its end token, and so does the model)
+    assert answered.content.rstrip().endswith(ANSWER) and not answered.tool_calls, (name, answered)
     turn3 = _plan(chat, compiler, messages + [answer] + again, tool_choice="auto")
     ratios.append(_common(turn3.prompt_ids, turn2.prompt_ids + ids2) / len(turn2.prompt_ids + ids2))
     row["refs"] = _check_refs(name, m)
     row["cache"] = " ".join(f"{r:.1%}" for r in ratios)
-    row["note"] = note or note2
-    if not (note or note2):
-        assert min(ratios) >= 0.95, (name, ratios)
+    # each turn is held to the bar unless the template re-renders the answer before it: a
+    # later turn's reason excuses no earlier one (Qwen3.5 drops past reasoning only on turn 3)
+    why = {2: note, 3: note2}
+    row["note"] = note if note == note2 else "; ".join(f"turn {t}: {w}" for t, w in why.items() if w)
+    for (turn, reason), ratio in zip(why.items(), ratios):
+        assert reason or ratio >= 0.95, (name, f"turn {turn}", ratios)
 
 
 #: Two small templates written for this test (ChatML shape): one refuses a

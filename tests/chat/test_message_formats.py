@@ -6,8 +6,10 @@ so a marker's text and the reasoning's may share no token boundary the
 tokenizer would choose), then parsed whole and token by token. The
 reasoning and the answer come back exactly, whatever the cut: harmony's
 multi-token markers (`<|channel|>analysis<|message|>` …
-`<|end|><|start|>assistant<|channel|>final<|message|>`) and Apriel 1.6's
-text marker (`\\n[BEGIN FINAL RESPONSE]\\n`, which may start inside a
+`<|end|><|start|>assistant<|channel|>final<|message|>`), Kimi K3's tags
+(`<|close|>think<|sep|><|open|>response<|sep|>` … `<|close|>response<|sep|>`
+`<|close|>message<|sep|>`, their names text between tag tokens) and Apriel
+1.6's text marker (`\\n[BEGIN FINAL RESPONSE]\\n`, which may start inside a
 token), on the real templates' chat formats (no weights)."""
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from helpers.templates import template_model, template_names
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 #: the characters texts are drawn from: letters, the markers' own, control tokens' texts
 ALPHABET = st.sampled_from(["a", "b", " ", "\n", "[", "]", "|", "<", ">", "analysis", "final", "assistant",
-                            "<|end|>", "<|message|>", "[BEGIN", " FINAL", " RESPONSE]", "é", "日"])
+                            "<|end|>", "<|message|>", "[BEGIN", " FINAL", " RESPONSE]", "é", "日",
+                            "think", "response", "message", "<|close|>", "<|sep|>"])
 TEXTS = st.lists(ALPHABET, min_size=1, max_size=12).map("".join)
 
 
@@ -33,7 +36,7 @@ TEXTS = st.lists(ALPHABET, min_size=1, max_size=12).map("".join)
 def formats(default_gguf):
     """name → (chat format, a plan whose parser reads a free answer)."""
     out = {}
-    for name in ("written: harmony (gpt-oss)", "Apriel-1.6-15b-Thinker-fixed.jinja"):
+    for name in ("written: harmony (gpt-oss)", "Apriel-1.6-15b-Thinker-fixed.jinja", "Kimi-K3.jinja"):
         if not name.startswith("written:") and name not in template_names():
             continue
         m = template_model(name, default_gguf)
@@ -50,7 +53,8 @@ def _written(chat, reasoning: str, answer: str, state: str | None, cuts: list[in
     and each piece tokenized as plain text (the model writes no control
     token inside its text)."""
     m = chat.markers
-    parts = [*(() if state == "open" else m.start), Lit(reasoning), *m.end, *m.answer, Lit(answer), *m.answer_end]
+    parts = [*(() if state == "open" else m.start), Lit(reasoning), *m.end, *m.answer, Lit(answer), *m.answer_end,
+             *m.message_end]
     runs = marker_items(tuple(parts), chat.special)
     ids: list[int] = []
     for run in runs:
@@ -71,12 +75,12 @@ def _parse(plan, ids: list[int], stream: bool):
     return parser.result(RequestOutput(request_id=0, prompt=None, prompt_token_ids=[], outputs=[sample]))
 
 
-@pytest.mark.parametrize("name", ["harmony", "apriel"])
+@pytest.mark.parametrize("name", ["harmony", "apriel", "kimi_k3"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(reasoning=TEXTS, answer=TEXTS, cuts=st.lists(st.integers(0, 400), max_size=8))
 def test_reasoning_and_answer_come_back_whatever_the_tokens(name, formats, reasoning, answer, cuts):
     if name not in formats:
-        pytest.skip("Apriel 1.6's template is in ../shared/chat-templates, which is absent")
+        pytest.skip(f"{name}'s template is in ../shared/chat-templates, which is absent")
     chat, plan = formats[name]
     end = chat.markers.text("end", chat.special)
     # a reasoning that holds its own end marker (of text) ends there, as the grammar ends it

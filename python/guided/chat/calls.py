@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..special_tokens import SpecialTokens
-from .parts import head
+from .parts import TYPE, TYPE_WORDS, head, type_word
 from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit,
                            PyArgs, Special, XmlArgs, argument_schemas, resolve)
 
@@ -245,11 +245,11 @@ class _Cursor:
             name, is_string = self.text[head:end_name], None
             self.pos = end_name
             for part in style.key_close:
-                if part is IS_STRING:
-                    flag = self.regex("true|false")
-                    if flag is None:
+                if part in (IS_STRING, TYPE):   # the words that say the value's type
+                    word = self.regex("|".join(dict.fromkeys(type_word(part, t) for t in TYPE_WORDS)))
+                    if word is None:
                         return False
-                    is_string = flag == "true"
+                    is_string = word == type_word(part, "string")
                 elif not self.expect(self.render(part)):
                     return False
             tail = self.text.find(value_close, max(self.pos, read.searched - len(value_close) + 1))

@@ -72,10 +72,10 @@ class ChatFormat:
         self._tokens = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
         self.special = special.with_end_ids(self._turn_end_ids(special))
         self.contract = self._probe_contract()
-        self.thinking_switch = "enable_thinking" if "enable_thinking" in template else None
-        self.tools: DetectedFormat = detect(self._render_probe, self.special)
+        self.thinking_switch = self._thinking_switch()
         #: the message-format row whose markers this model has, if any
         self.markers: MessageFormat | None = find(self.special, template)
+        self.tools: DetectedFormat = detect(self._render_probe, self.special, self._before_calls())
         self.reasoning = self._reasoning_layout() if self.markers and self.markers.reasoning else None
         self.memo = CompletionMemo()
 
@@ -136,15 +136,19 @@ class ChatFormat:
 
     def _reasoning_state(self, generation_prompt: str, prompt: str = "") -> str | None:
         """Whether the prompt opened a reasoning block ("open"), holds a
-        whole one ("closed") or neither (None): read from the generation
-        prompt, or from the prompt's end where a template writes the
-        block's start whatever add_generation_prompt says (Apriel 1.6)."""
+        whole one or opened the answer with none ("closed") or neither
+        (None): read from the generation prompt, or from the prompt's end
+        where a template writes the block's start whatever
+        add_generation_prompt says (Apriel 1.6)."""
         if self.reasoning is None:
             return None
         start, end = self._marker_texts()
         i = generation_prompt.rfind(start)
-        if i < 0:
-            return "open" if start and prompt.endswith(start + self.reasoning.open) else None
+        if i < 0 and start and prompt.endswith(start + self.reasoning.open):
+            return "open"
+        answer = self.markers.text("answer", self.special)
+        if i < 0:   # no block, unless the prompt opened the answer past it (Kimi K3 with thinking off)
+            return "closed" if answer and generation_prompt.endswith(answer) else None
         return "closed" if end in generation_prompt[i:] else "open"
 
     # -- probes --------------------------------------------------------
@@ -171,8 +175,30 @@ class ChatFormat:
                 [user, {"role": "assistant", "content": _PROBE_ANSWER, key: _PROBE_REASONING}], None,
                 contract), _PROBE_REASONING, False)), "reasoning_content"))
 
+    def _thinking_switch(self) -> str | None:
+        """The template variable that turns thinking on and off:
+        ``enable_thinking`` where the template names it, else ``thinking``
+        where it changes the generation prompt (Kimi K3's)."""
+        if "enable_thinking" in self.template:
+            return "enable_thinking"
+        prompts = set()
+        for on in (True, False):
+            try:
+                prompts.add(render_chat(self.template, [{"role": "user", "content": "Hi"}], thinking=on,
+                                        add_generation_prompt=True, **self._tokens))
+            except TemplateError:
+                return None
+        return "thinking" if len(prompts) == 2 else None
+
     def tools_or_none(self) -> DetectedFormat | None:
         return getattr(self, "tools", None)
+
+    def _before_calls(self) -> str:
+        """What the template writes between an answer and the calls after it,
+        where the calls follow the answer's frame (Kimi K3's response tag
+        closed); "" elsewhere."""
+        m = self.markers
+        return m.text("answer_end", self.special) if m is not None and m.calls_after_answer else ""
 
     def _turn_end_ids(self, special: SpecialTokens) -> set[int]:
         """The added token right after an assistant answer ends that turn: an
@@ -205,7 +231,7 @@ class ChatFormat:
             text = self.render(messages, add_generation_prompt=False)
         except TemplateError:
             return None
-        m = text.find(_PROBE_ANSWER)
+        m = text.find(self.markers.text("answer", self.special) + _PROBE_ANSWER)   # (after its opening: Kimi K3's)
         i = text.rfind(start, text.find("Hi"), max(m, 0))
         k = text.find(end, i) if i >= 0 else -1
         if m < 0 or i < 0 or not 0 <= k < m:

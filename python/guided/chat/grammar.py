@@ -16,8 +16,9 @@ from typing import Callable
 from ..grammar.json_schema import json_schema_grammar
 from ..grammar.lark import Expr, GrammarBuilder, alt, lit, opt, regex, regex_literal, seq, star, text_without, token
 from ..special_tokens import SpecialTokens
-from .message_formats import text_only
-from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, DetectedFormat, JsonArgs, Lit, OneOf, Part,
+from .message_formats import MessageFormat, text_only
+from .parts import TYPE_WORDS, type_word
+from .tool_formats import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, TYPE, DetectedFormat, JsonArgs, Lit, OneOf, Part,
                            PyArgs, Special, XmlArgs, argument_schemas, resolve)
 
 #: Separators of `tojson` (json.dumps defaults): templates write arguments so.
@@ -57,15 +58,20 @@ class ReasoningPlan:
 
 def compose_chat(special: SpecialTokens, *, reasoning: ReasoningPlan | None = None,
                  tools: ToolPlan | None = None, answer: dict | None = None,
-                 frame: tuple[tuple[Part, ...], tuple[Part, ...]] = ((), ())) -> str:
+                 frame: MessageFormat | None = None) -> str:
     """TopLevelGrammar JSON for one assistant message. ``answer`` is a grammar
     entry for the answer (e.g. ``{"json_schema": ...}``); ``frame``: the
-    markers before and after an answer that is not calls (harmony's final
-    channel; GigaChat's end of message)."""
+    message-format row whose markers frame the answer (harmony's final
+    channel before it; GigaChat's end of message after it; Kimi K3's
+    response tag around it, the calls after it and the message's end)."""
     g = GrammarBuilder()
-    body = _body(g, special, tools, answer, _parts(special, frame[0]), _parts(special, frame[1]))
+    body = _body(g, special, tools, answer, frame or _BARE)
     g.rule("start", seq(_reasoning(g, special, reasoning), body))
     return g.build()
+
+
+#: an answer framed by nothing: bare text, or calls in its place
+_BARE = MessageFormat("bare")
 
 
 def _reasoning(g: GrammarBuilder, special: SpecialTokens, r: ReasoningPlan | None) -> Expr:
@@ -90,17 +96,20 @@ def _reasoning(g: GrammarBuilder, special: SpecialTokens, r: ReasoningPlan | Non
 
 
 def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
-          answer: dict | None, opening: Expr, closing: Expr) -> Expr:
+          answer: dict | None, frame: MessageFormat) -> Expr:
+    opening, closing, end = (_parts(special, p) for p in (frame.answer, frame.answer_end, frame.message_end))
     if tools is None:
-        return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"), closing)
+        return seq(opening, g.subgrammar("answer", answer) if answer else regex(r"(?s:.*)"), closing, end)
     fmt = tools.format
     # a marker token is never text; a marker of text is kept out of the text
     avoid = tuple(text for tid, text in (resolve(p, special) for p in fmt.format.triggers) if tid is None)
     if tools.mode == "none":   # no call can begin
         text = g.subgrammar("answer", answer) if answer else \
             opt(g.lexeme(text_without(*avoid, anchored=fmt.content_sep is None))) if avoid else regex(r"(?s:.*)")
-        return seq(opening, text, closing)
+        return seq(opening, text, closing, end)
     calls = _calls_block(g, special, tools)
+    if frame.calls_after_answer:
+        return _calls_after_answer(g, tools, answer, calls, avoid, (opening, closing, end))
     alone = calls(tools.lead)
     if tools.mode == "required":
         return alone
@@ -111,6 +120,22 @@ def _body(g: GrammarBuilder, special: SpecialTokens, tools: ToolPlan | None,
         return alt(seq(opening, text, closing), alone)
     lead = g.lexeme(text_without(*avoid, suffix=fmt.content_sep, visible=True))
     return alt(seq(opening, text, closing), alone, seq(opening, lead, calls("")))
+
+
+def _calls_after_answer(g: GrammarBuilder, tools: ToolPlan, answer: dict | None, calls: Callable[[str], Expr],
+                        avoid: tuple[str, ...], frame: tuple[Expr, Expr, Expr]) -> Expr:
+    """A body whose calls follow the answer's frame inside the message
+    (MessageFormat.calls_after_answer, Kimi K3): ``opening TEXT answer_end
+    [calls] message_end``, the answer empty before calls alone; a client's
+    constrained answer, or calls alone."""
+    opening, closing, end = frame
+    alone = seq(closing, calls(tools.lead))
+    if tools.mode == "required":
+        return seq(opening, alone, end)
+    text = g.subgrammar("answer", answer) if answer else \
+        g.lexeme(text_without(*avoid, visible=True))   # whitespace alone is no answer
+    after = opt(calls("")) if tools.format.content_sep is not None and not answer else ""
+    return seq(opening, alt(seq(text, closing, after), alone), end)
 
 
 def _calls_block(g: GrammarBuilder, special: SpecialTokens, plan: ToolPlan) -> Callable[[str], Expr]:
@@ -193,9 +218,21 @@ def _call(special: SpecialTokens, tool: Tool, args: Expr, fmt, parts: tuple) -> 
     return seq(*out)
 
 
-def _parts(special: SpecialTokens, parts: tuple[Part, ...], is_string: bool | None = None) -> Expr:
-    return seq(*(lit("true" if is_string else "false") if p is IS_STRING else _fixed(special, p)
-                 for p in parts if isinstance(p, (Special, Lit)) or p is IS_STRING))
+def _parts(special: SpecialTokens, parts: tuple[Part, ...], schema: dict | None = None) -> Expr:
+    """Fixed parts; a hole that says an argument's type (IS_STRING, TYPE)
+    written for its ``schema``."""
+    return seq(*(_type_words(p, schema or {}) if p in (IS_STRING, TYPE) else _fixed(special, p)
+                 for p in parts if isinstance(p, (Special, Lit)) or p in (IS_STRING, TYPE)))
+
+
+def _type_words(hole, schema: dict) -> Expr:
+    """The words a type hole may write for a value of ``schema``: its one
+    JSON type's; for a value the grammar writes as JSON with no one type
+    (a union, no type), any type's but a string's (the value is JSON)."""
+    kind = schema.get("type")
+    kind = "number" if kind == "integer" else kind
+    kinds = [kind] if isinstance(kind, str) and kind in TYPE_WORDS else [t for t in TYPE_WORDS if t != "string"]
+    return _either([lit(w) for w in dict.fromkeys(type_word(hole, t) for t in kinds)])
 
 
 def _fixed(special: SpecialTokens, part: Special | Lit) -> Expr:
@@ -219,9 +256,8 @@ def _args(g: GrammarBuilder, special: SpecialTokens, style, index: int, tool: To
         return _joined(g, f"args_{index}", params, lit(", "))
     params = []
     for j, (name, sub) in enumerate(props.items()):
-        is_string = sub.get("type") == "string"
         params.append((seq(_parts(special, style.key_open), lit(name),
-                           _parts(special, style.key_close, is_string),
+                           _parts(special, style.key_close, sub),
                            _xml_value(g, special, style, f"args_{index}_{j}", sub)),
                        name in required))
     return seq(*(p if req else opt(p) for p, req in params))

@@ -1,7 +1,7 @@
 """The message-format table: how each family frames an assistant message:
 its reasoning block's markers and its answer's (harmony's final channel,
-Command R7B's response token, GigaChat's end of message), in the
-tool-format table's parts (Special, Lit).
+Command R7B's response token, GigaChat's end of message, Kimi K3's tags),
+in the tool-format table's parts (Special, Lit).
 
 A marker may be one token (`<think>`) or several tokens and text (harmony's
 `<|channel|>analysis<|message|>`). From one row come the grammar's block
@@ -12,11 +12,11 @@ fast-forward writes the rest).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..special_tokens import SpecialTokens
 from ..tokenizer import TokenizerWrapper
-from .parts import Lit, Part, Special, resolve
+from .parts import Lit, Part, Special, resolve, tag
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,23 @@ class MessageFormat:
     #: turn for the grammar: GigaChat's <|message_sep|>, after which a call
     #: turn may follow)
     answer_end: tuple[Part, ...] = ()
+    #: what ends the message after its answer and calls, before the end
+    #: token (Kimi K3's message tag closed)
+    message_end: tuple[Part, ...] = ()
+    #: the calls come after the answer's frame, inside the message (Kimi
+    #: K3's tools tag after its response tag: the answer is always written,
+    #: empty before calls alone, and ``answer_end`` follows it), not in its
+    #: place (harmony's call in the commentary channel, GigaChat's call
+    #: turn, which begins with the token that ends an answer); there the
+    #: parser reads ``answer_end`` and ``message_end`` as markers and drops them
+    calls_after_answer: bool = False
 
     @property
     def reasoning(self) -> bool:
         return bool(self.start)
 
     def text(self, which: str, special: SpecialTokens) -> str:
-        """The text of a marker ("start", "end", "answer" or "answer_end") as a template writes it."""
+        """The text of a marker ("start", "end", "answer", "answer_end" or "message_end") as a template writes it."""
         return "".join(resolve(p, special)[1] for p in getattr(self, which))
 
 
@@ -55,23 +65,38 @@ COHERE = MessageFormat("command_r7b", start=(Special("<|START_THINKING|>"),), en
 #: the final-response marker (text markers: the template must name them)
 APRIEL = MessageFormat("apriel", start=(Lit("Here are my reasoning steps:\n"),),
                        end=(Lit("\n[BEGIN FINAL RESPONSE]\n"),))
+#: Kimi K3: tag tokens; the reasoning in a think tag, the answer in a
+#: response tag and the calls in a tools tag after it (tool_formats'
+#: kimi_k3), inside the message tag the generation prompt opens
+KIMI_K3 = MessageFormat("kimi_k3", start=tag("think"), end=tag("think", close=True), answer=tag("response"),
+                        answer_end=tag("response", close=True), message_end=tag("message", close=True),
+                        calls_after_answer=True)
 #: <think>…</think> and the pairs the registry knows by role ([THINK], <seed:think>)
 TAGS = MessageFormat("tags", start=(Special("<think>", "reasoning_start"),),
                      end=(Special("</think>", "reasoning_end"),))
 #: GigaChat 3: the answer ends with <|message_sep|>, which a call turn may follow
 GIGACHAT = MessageFormat("gigachat", answer_end=(Special("<|message_sep|>"),))
-TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, APRIEL, TAGS, GIGACHAT)
+TABLE: tuple[MessageFormat, ...] = (HARMONY, COHERE, APRIEL, KIMI_K3, TAGS, GIGACHAT)
 
 
 def find(special: SpecialTokens, template: str) -> MessageFormat | None:
     """The first row whose every marker is an added token of this model, and
     whose every text marker the template names (Apriel's)."""
     for row in TABLE:
-        parts = (*row.start, *row.end, *row.answer, *row.answer_end)
+        parts = (*row.start, *row.end, *row.answer, *row.answer_end, *row.message_end)
         if all(special.id(p.role) is not None if isinstance(p, Special) else p.text.strip() in template
                for p in parts):
             return row
     return None
+
+
+def unwritten(row: MessageFormat | None, generation_prompt: str, special: SpecialTokens) -> MessageFormat | None:
+    """The row's markers the model still writes after ``generation_prompt``:
+    none of the answer's opening where the prompt wrote it (Kimi K3 with
+    thinking off opens its response tag)."""
+    if row is not None and row.answer and generation_prompt.endswith(row.text("answer", special)):
+        return replace(row, answer=())
+    return row
 
 
 def text_only(parts: tuple[Part, ...]) -> str | None:

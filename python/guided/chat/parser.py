@@ -78,8 +78,10 @@ class ChatParser:
         # channels), found however many tokens they take
         m = markers or TAGS
         self._triggers, calls = self._call_triggers(m)
+        # the answer's end and the message's, where calls follow them (Kimi K3's tags), are read and dropped
+        closers = {"answer_end": (m.answer_end,), "message_end": (m.message_end,)} if m.calls_after_answer else {}
         self._markers = MarkerReader(special, tokenizer, {"start": (m.start,), "end": (m.end,), "answer": (m.answer,),
-                                                          "call": calls}, runs_on=frozenset({"call"}))
+                                                          "call": calls, **closers}, runs_on=frozenset({"call"}))
         # an end marker of text alone (Apriel's) is found in the reasoning's text, wherever tokens split it
         self._end_text = text_only(m.end)
         self._answered = False
@@ -159,8 +161,9 @@ class ChatParser:
         if self.mode == "calls":
             return ()
         if self._content_detok.ids:
-            return ("call",)
-        return ("answer",) * (not self._answered) + ("start",) * (self.layout is not None) + ("call",)
+            return ("call", "answer_end", "message_end")
+        return ("answer",) * (not self._answered) + ("start",) * (self.layout is not None) + \
+            ("call", "answer_end", "message_end")
 
     def finish(self) -> list[ChatDelta]:
         """The deltas still held back (trailing whitespace), at the end."""

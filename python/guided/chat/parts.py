@@ -40,15 +40,46 @@ class Lit:
 
 @dataclass(frozen=True)
 class Hole:
-    kind: str   # "name", "args", "call_id", "index" or "is_string"
+    kind: str   # "name", "args", "call_id", "index", "is_string" or "type"
 
 
 #: The tool's name, its arguments, an id the model writes (matching the
 #: format's ``call_id``), the call's position in its message (written by the
-#: model, never an id), and inside an argument's tag "true"/"false" for
-#: whether its value is a string (DeepSeek V3.2's typed attribute).
-NAME, ARGS, CALL_ID, INDEX, IS_STRING = (Hole("name"), Hole("args"), Hole("call_id"), Hole("index"),
-                                         Hole("is_string"))
+#: model, never an id; counted from the format's ``first_index``), and
+#: inside an argument's tag the words that say its value's type: "true"/"false"
+#: for whether it is a string (DeepSeek V3.2's typed attribute), or its JSON
+#: type (Kimi K3's, ``TYPE_WORDS``).
+NAME, ARGS, CALL_ID, INDEX, IS_STRING, TYPE = (Hole("name"), Hole("args"), Hole("call_id"), Hole("index"),
+                                               Hole("is_string"), Hole("type"))
+
+#: The JSON types as a TYPE hole writes them (an integer is a "number").
+TYPE_WORDS = ("string", "number", "boolean", "null", "object", "array")
+
+
+def type_word(hole: Hole, json_type: str) -> str:
+    """What a hole that says an argument's type (IS_STRING, TYPE) writes for
+    a value of ``json_type`` (one of TYPE_WORDS)."""
+    if hole is IS_STRING:
+        return "true" if json_type == "string" else "false"
+    return json_type
+
+
+def json_type(value) -> str:
+    """A JSON value's type, as TYPE_WORDS name it."""
+    for kind, word in ((bool, "boolean"), (str, "string"), ((int, float), "number"), (dict, "object"),
+                       (list, "array")):
+        if isinstance(value, kind):
+            return word
+    return "null"
+
+
+#: Kimi K3's tag tokens: ``<|open|>NAME attr="…"<|sep|>`` … ``<|close|>NAME<|sep|>``
+TAG_OPEN, TAG_CLOSE, TAG_SEP = Special("<|open|>"), Special("<|close|>"), Special("<|sep|>")
+
+
+def tag(name: str, close: bool = False) -> tuple[Special | Lit, ...]:
+    """A Kimi K3 tag with no attributes, opening (or closing) ``name``."""
+    return (TAG_CLOSE if close else TAG_OPEN, Lit(name), TAG_SEP)
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,13 @@ def openai_calls(calls: list[dict]) -> list[dict]:
 Render = Callable[[list[dict], list[dict]], str]   # (messages, tools) → prompt text
 
 
-def detect(render: Render, special: SpecialTokens) -> DetectedFormat:
+def detect(render: Render, special: SpecialTokens, before_calls: str = "") -> DetectedFormat:
     """The first format in TABLE whose rendering of the probe calls appears,
-    byte for byte, in what the template renders; else the text envelope."""
+    byte for byte, in what the template renders; else the text envelope.
+    ``before_calls``: what the message format writes between an answer and
+    calls that follow it (Kimi K3's response tag closed), no separator."""
     for fmt in TABLE:
-        found = _probe(render, special, fmt)
+        found = _probe(render, special, fmt, before_calls)
         if found is not None:
             log.info("tool-call format: %s (parallel=%s)", fmt.name, found.parallel)
             return found
@@ -60,7 +62,7 @@ def probe_calls(fmt: ToolFormat) -> list[dict]:
     return [{**c, "id": fmt.id_template.format(name=c["name"], index=i)} for i, c in enumerate(PROBE_CALLS)]
 
 
-def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedFormat | None:
+def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat, before_calls: str) -> DetectedFormat | None:
     calls = probe_calls(fmt)
     block = fmt.render(calls[:1], special)
     found = {empty: text for empty in (None, "")
@@ -74,7 +76,8 @@ def _probe(render: Render, special: SpecialTokens, fmt: ToolFormat) -> DetectedF
     before, after = one[:one.index(block)], one[one.index(block) + len(block):]
     ws = after[:len(after) - len(after.lstrip())]
     ends = [special.text(t) for t in special.end_ids] if special is not None else []
-    return DetectedFormat(_scalars(render, special, fmt, empty), parallel, _content_sep(render, special, fmt),
+    return DetectedFormat(_scalars(render, special, fmt, empty), parallel,
+                          _content_sep(render, special, fmt, before_calls),
                           empty, call_ws=before[len(before.rstrip()):], id_style=_id_style(render, fmt, empty),
                           end_ws=ws if after[len(ws):].startswith(tuple(ends)) and ends else "")
 
@@ -148,14 +151,14 @@ def _id_style(render: Render, fmt: ToolFormat, empty) -> str:
     return "alnum9"
 
 
-def _content_sep(render: Render, special: SpecialTokens, fmt: ToolFormat) -> str | None:
-    """The whitespace the template puts between content and the calls, if it
-    keeps content at all."""
+def _content_sep(render: Render, special: SpecialTokens, fmt: ToolFormat, before_calls: str) -> str | None:
+    """The whitespace the template puts between content and the calls (after
+    ``before_calls``), if it keeps content at all."""
     text = _rendered(render, probe_calls(fmt)[:1], PROBE_CONTENT)
     calls = fmt.render(probe_calls(fmt)[:1], special)
-    if text is None or PROBE_CONTENT not in text or calls not in text:
+    if text is None or PROBE_CONTENT + before_calls not in text or calls not in text:
         return None
-    start = text.index(PROBE_CONTENT) + len(PROBE_CONTENT)
+    start = text.index(PROBE_CONTENT + before_calls) + len(PROBE_CONTENT + before_calls)
     sep = text[start:text.index(calls, start)] if calls in text[start:] else None
     return sep if sep is not None and not sep.strip() else None
 

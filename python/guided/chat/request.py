@@ -18,7 +18,7 @@ from ..grammar.json_schema.strict import strict_schema
 from ..sampling_params import SamplingParams
 from .chat_format import ChatFormat, EncodedChat, normalize_messages
 from .parser import ChatParser
-from .message_formats import marker_ids
+from .message_formats import marker_ids, unwritten
 from .tool_formats import TEXT_ENVELOPE, resolve
 
 #: Reasoning token budgets per effort (tokens of reasoning text, enforced by
@@ -119,9 +119,10 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
             raise ValueError(f"{where}: {exc}") from None
     params = replace(sampling_params or SamplingParams(max_tokens=256), structured_outputs=None)
     grammar = None
-    # an answer framed by markers (harmony's channels) always has its grammar
-    frame = (chat.markers.answer, chat.markers.answer_end) if chat.markers else ((), ())
-    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional") or frame[0]:
+    # an answer framed by markers the model writes (harmony's channels, Kimi K3's tags) always has its grammar
+    frame = unwritten(chat.markers, encoded.generation_prompt, chat.special)
+    if tool_plan is not None or answer is not None or (reasoning and reasoning.mode != "optional") or \
+            (frame is not None and (frame.answer or frame.message_end)):
         if reasoning is not None and reasoning.mode != "forbidden" and reasoning.state != "closed":
             body = compose_chat(chat.special, tools=tool_plan, answer=answer, frame=frame)
             reasoning = replace(reasoning, budget=reasoning_bound(

@@ -25,7 +25,8 @@ from functools import cached_property
 from urllib.parse import unquote
 
 from ..special_tokens import SpecialTokens
-from .parts import ARGS, CALL_ID, INDEX, IS_STRING, NAME, Hole, Lit, OneOf, Part, Special, resolve, spellings
+from .parts import (ARGS, CALL_ID, INDEX, IS_STRING, NAME, TAG_OPEN, TAG_SEP, TYPE, Hole, Lit, OneOf, Part, Special,
+                    json_type, resolve, spellings, tag, type_word)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class ToolFormat:
     #: where the template shows a call's id built from its name and INDEX
     #: (Kimi's "functions.{name}:{index}"), the ids given to calls
     id_template: str | None = None
+    #: the INDEX of a message's first call (Kimi K3 counts from 1)
+    first_index: int = 0
 
     @cached_property
     def spellings(self) -> tuple[tuple[Part, ...], ...]:
@@ -197,7 +200,7 @@ class ToolFormat:
         if part is CALL_ID:
             return None, call["id"]
         if part is INDEX:
-            return None, str(index)
+            return None, str(index + self.first_index)
         return None, render_args(call["arguments"], self.args, special)
 
 
@@ -208,7 +211,7 @@ def render_args(arguments: dict, style: ArgsStyle, special: SpecialTokens | None
         return ", ".join(f"{k}={style.value(v)}" for k, v in arguments.items())
 
     def fixed(parts, value=None) -> str:
-        return "".join(("true" if isinstance(value, str) else "false") if p is IS_STRING
+        return "".join(type_word(p, json_type(value)) if p in (IS_STRING, TYPE)
                        else resolve(p, special)[1] for p in parts)
     return "".join(
         fixed(style.key_open) + k + fixed(style.key_close, v) + xml_value(v, style) + fixed(style.value_close)
@@ -337,6 +340,15 @@ TABLE: tuple[ToolFormat, ...] = (
                      Special("<|tool_call_argument_begin|>"), ARGS, Special("<|tool_call_end|>")),
                close=(Special("<|tool_calls_section_end|>"),),
                id_template="functions.{name}:{index}"),
+    # Kimi K3: tag tokens, a tools tag after the answer's response tag (message_formats.KIMI_K3),
+    # one argument tag per argument with its JSON type, calls counted from 1
+    ToolFormat("kimi_k3", open=tag("tools"),
+               call=(TAG_OPEN, Lit('call tool="'), NAME, Lit('" index="'), INDEX, Lit('"'), TAG_SEP, ARGS,
+                     *tag("call", close=True)),
+               close=tag("tools", close=True), first_index=1,
+               args=XmlArgs(key_open=(TAG_OPEN, Lit('argument key="')),
+                            key_close=(Lit('" type="'), TYPE, Lit('"'), TAG_SEP),
+                            value_close=tag("argument", close=True))),
     # InternLM2: <|action_start|><|plugin|> and the function object as JSON
     ToolFormat("internlm2", call=(Special("<|action_start|>"), Special("<|plugin|>"),
                                   Lit('\n{"name": "'), NAME, Lit('", "arguments": '), ARGS, Lit("}"),
