@@ -4,6 +4,7 @@ scored by BFCL's own questions and AST checker:
     python benches/bench_tools.py [--model qwen2.5-coder-0.5b qwen2.5-coder-1.5b] [--per-category 10]
                                   [--tool-choice auto required] [--concurrency 4] [--threads N]
                                   [--seed 0] [--llama-server PATH] [--no-peer] [--json PATH]
+    python benches/bench_tools.py --auto-cost 3     # what tool_choice "auto"'s grammar costs, offline
 
 Needs `make bench-setup`: bfcl-eval (BFCL v4's questions, possible answers and
 checker, installed without its dependencies: see the Makefile) and llama.cpp's
@@ -245,6 +246,8 @@ def run_engine(command: list[str], questions: list[dict], choices: list[str], ar
                 batch = [q for q in questions if q["category"] == category]
                 records, wall = asyncio.run(ask_all(base, batch, used, args.concurrency))
                 runs.append({"tool_choice": used, "category": category, "records": records, "wall_s": wall})
+                print(f"  {Path(command[0]).name if 'llama' in command[0] else 'guided'}: {category} "
+                      f"({used}), {len(batch)} questions in {wall:.1f} s", file=sys.stderr, flush=True)
     return runs
 
 
@@ -366,6 +369,34 @@ def _order(category: str) -> int:
     return CATEGORIES.index(category) if category in CATEGORIES else len(CATEGORIES)
 
 
+# ---- the cost of auto's grammar ------------------------------------------------------------
+
+def auto_grammar_cost(path: str, questions: list[dict], rounds: int) -> dict:
+    """tool_choice "auto" with its tool grammar (the default) and without
+    (--no-tool-grammar), offline on one engine, the same questions in one
+    batch, runs interleaved: generated tokens per second of each (best of
+    ``rounds``), their ratio, and how many answers were the same text."""
+    from guided import LLM, ChatOptions, SamplingParams
+    llm = LLM(path, max_num_seqs=len(questions), max_model_len=CONTEXT)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    best, texts = {}, {}
+    for _ in range(rounds):
+        for enforced in (True, False):
+            plans = [llm.prepare_chat(q["messages"], params, ChatOptions(tools=q["tools"], tool_choice="auto",
+                                                                          tool_grammar=enforced))
+                     for q in questions]
+            began = time.perf_counter()
+            outs = llm.run_chat(plans)
+            seconds = time.perf_counter() - began
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            best[enforced] = max(best.get(enforced, 0.0), tokens / seconds)
+            texts[enforced] = [o.outputs[0].text for o in outs]
+    llm.close()
+    same = sum(a == b for a, b in zip(texts[True], texts[False]))
+    return {"grammar_tok_s": best[True], "free_tok_s": best[False], "ratio": best[True] / best[False],
+            "same_answers": same, "questions": len(questions)}
+
+
 # ---- main -----------------------------------------------------------------------------------
 
 def model_path(name: str) -> str:
@@ -389,6 +420,9 @@ def main() -> None:
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER))
     ap.add_argument("--no-peer", action="store_true", help="guided only")
     ap.add_argument("--json", metavar="PATH", help="also write the rows, every answer and the machine here")
+    ap.add_argument("--auto-cost", type=int, metavar="ROUNDS", default=0,
+                    help="instead: the cost of auto's tool grammar, offline (grammar on and off, "
+                         "interleaved, best of ROUNDS)")
     args = ap.parse_args()
     print("CPU:", cpu_flags(), f"| threads {args.threads}, concurrency {args.concurrency}")
     peer = not args.no_peer and Path(args.llama_server).exists()
@@ -398,6 +432,13 @@ def main() -> None:
               f"no llama-server at {args.llama_server} (make bench-setup): no llama.cpp rows")
 
     questions = load_questions(args.categories, args.per_category, args.seed)
+    if args.auto_cost:
+        for name in args.model:
+            cost = auto_grammar_cost(model_path(name), questions, args.auto_cost)
+            print(f"{name}: auto, {cost['questions']} questions in one batch: with the tool grammar "
+                  f"{cost['grammar_tok_s']:.1f} tok/s, without {cost['free_tok_s']:.1f} tok/s, "
+                  f"ratio {cost['ratio']:.3f}; {cost['same_answers']} answers the same text")
+        return
     by_id = {q["id"]: q for q in questions}
     engines = {"guided": guided_command, **({"llama.cpp": llama_command} if peer else {})}
     rows, answers = [], []
