@@ -188,13 +188,43 @@ def test_a_remembered_run_changes_only_its_own_answer(qwen35, first, before, bet
     ids = encode(prompt, memo)
     assert ids == encode(prompt)
     for _ in range(2):   # two turns: the second answer leaves the first one's tokens as they were
-        memo.remember(answer, special, tok)
+        memo.remember(ids, answer, special, tok)
         assert encode(prompt, memo) == ids   # the prompt before the answer keeps its tokens
         following = prompt + answer_text + again
         next_ids = encode(following, memo)
         assert next_ids[:len(ids) + len(answer)] == ids + answer
         assert next_ids[len(ids) + len(answer):] == encode(again)
         prompt, ids = following, next_ids
+
+
+@settings(deadline=None, max_examples=25)
+@given(answer_text=st.text(alphabet="\n :ab.{}\"", min_size=2, max_size=12).filter(str.strip),
+       split=st.integers(1, 3))
+def test_two_conversations_keep_their_own_tokens(qwen35, answer_text, split):
+    """Two conversations, interleaved, whose models wrote the same answer
+    text in different tokens (one character apart, the other in chunks of
+    ``split``): each next prompt holds its own conversation's answer token
+    for token, and a third conversation asking the same gets the
+    tokenizer's own split (rule 6: a memo keyed by what came before)."""
+    from guided.chat.prompt import CompletionMemo, ControlEscaper, tokenize_rendered
+    special, tok = qwen35.special, qwen35.tokenizer
+    escaper, memo = ControlEscaper(special, []), CompletionMemo()
+    encode = lambda text, m=None: tokenize_rendered(text, special, tok, escaper, m)  # noqa: E731
+    apart = lambda text, n: [t for i in range(0, len(text), n) for t in tok.encode_text(text[i:i + n])]  # noqa: E731
+    end = special.by_text["<|im_end|>"]
+    gen = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prompts = {who: f"<|im_start|>system\nYou help {who}.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" + gen
+               for who in ("Ann", "Bob", "Cy")}
+    answers = {"Ann": apart(answer_text, 1) + [end], "Bob": apart(answer_text, split + 1) + [end]}
+    ids = {who: encode(p, memo) for who, p in prompts.items()}
+    for who, answer in answers.items():   # both answered before either comes back
+        memo.remember(ids[who], answer, special, tok)
+    after = "\n<|im_start|>user\nAnd?<|im_end|>\n" + gen
+    for who, answer in answers.items():
+        following = encode(prompts[who] + answer_text + "<|im_end|>" + after, memo)
+        assert following[:len(ids[who]) + len(answer)] == ids[who] + answer
+    unanswered = encode(prompts["Cy"] + answer_text + "<|im_end|>" + after, memo)
+    assert unanswered == encode(prompts["Cy"] + answer_text + "<|im_end|>" + after)
 
 
 def test_escaped_arguments_still_print_as_json(qwen35):

@@ -130,9 +130,10 @@ class ChatFormat:
                                 "content; cannot continue it")
         return rendered[:at + len(content.strip())]
 
-    def remember(self, completion_ids: list[int]) -> None:
-        """Record an answer's tokens, for when it comes back in a later prompt."""
-        self.memo.remember(completion_ids, self.special, self.tokenizer)
+    def remember(self, prompt_ids: list[int], completion_ids: list[int]) -> None:
+        """Record an answer's tokens and the prompt's they follow, for when
+        it comes back in a later prompt."""
+        self.memo.remember(prompt_ids, completion_ids, self.special, self.tokenizer)
 
     def _reasoning_state(self, generation_prompt: str, prompt: str = "") -> str | None:
         """Whether the prompt opened a reasoning block ("open"), holds a

@@ -10,9 +10,11 @@ characters, so a client's `<|im_end|>` stays the characters `<`, `|`, ...
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
-from collections import Counter, OrderedDict
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +81,7 @@ def strings_in(value: Any) -> list[str]:
 
 class CompletionMemo:
     """The tokens the model wrote for each run of text between control tokens
-    in its recent answers (rule 6).
+    in its recent answers (rule 6), keyed by every token before the run.
 
     A model under a grammar, or simply sampling, may write a text in tokens
     other than the tokenizer's own split of it, and the generation prompt's
@@ -89,102 +91,93 @@ class CompletionMemo:
     back, its text runs are tokenized as the model wrote them: the same text,
     the same tokens, the cache hit up to the new turn.
 
-    A run is matched only where its answer comes back, so that it changes no
-    other piece of the prompt. A run after a control token the model wrote
-    comes back as a whole piece after that same control token. An answer's
-    first run (when the answer starts with text) comes back in one piece
-    with the text its prompt ended with: after the prompt's last control
-    token, that text, then the run ("assistant\n" + the answer; Qwen3.5's
-    "\n" after <think> + the "\n" the model writes before </think>). The
-    ends of recent prompts are kept (``prompt_end``), and a first run is
-    matched only in a piece that is such an end followed by the run,
-    wholly: "\n" written before </think> must not re-split the "\n\n" that
-    ends a paragraph of the system prompt, and the "\n\n" a model writes
-    between </think> and a call must not re-split the "\n" + "\n" of a
-    reasoning block it left empty.
+    A run is kept under (a digest of every token before it: the prompt's and
+    the answer's before it, the run's text), and a prompt's piece of text
+    takes it only under the same key: only where everything before it came
+    back token for token, which is exactly where the prefix cache can use
+    it. No other conversation (another user's model may have written the
+    same text in other tokens), and no other place in the prompt (the same
+    text ending a system prompt's paragraph), is touched. An answer's first
+    run comes back in one piece with the text its prompt ended with
+    ("assistant\n" + the answer; Qwen3.5's "\n" after <think> + the "\n"
+    the model writes before </think>): it is kept after the prompt's last
+    control token, as that text and the run, in the prompt's tokens and the
+    model's. A run the model wrote in the tokenizer's own split is not kept:
+    the tokenizer gives it back. The most recently used runs are kept.
     """
-
-    _KEPT = 8           # tokenizations kept per run
-    _ENDS_KEPT = 64     # prompt ends kept (a template has one or two; continued messages add theirs)
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        #: (text, the control token before it, or None for an answer's first
-        #: run) → the tokenizations the model wrote it in, oldest first
-        self._runs: OrderedDict[tuple[str, int | None], list[list[int]]] = OrderedDict()
-        #: (a prompt's last control token or None, the text after it) of recent prompts
-        self._ends: OrderedDict[tuple[int | None, str], None] = OrderedDict()
+        #: (digest of the tokens before a run, its text) → the tokens the model wrote it in
+        self._runs: OrderedDict[tuple[bytes, str], list[int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, ids: list[int], special: SpecialTokens, tokenizer: TokenizerWrapper) -> None:
-        run: list[int] = []
-        after: int | None = None    # the control token before the run; None: the answer's start
-        for t in [*ids, None]:
-            if t is not None and t not in special.control_ids:
+    def remember(self, prompt: list[int], answer: list[int], special: SpecialTokens,
+                 tokenizer: TokenizerWrapper) -> None:
+        """Keep the runs of ``answer``, the tokens the model wrote after
+        ``prompt`` (as the template renders them back: parser.py)."""
+        controls = special.control_ids
+        k = len(prompt)
+        while k and prompt[k - 1] not in controls:
+            k -= 1
+        before = _TokenDigest()
+        before.extend(prompt[:k])
+        run, start = prompt[k:], len(prompt) - k   # the prompt's tail begins the first run
+        for t in [*answer, None]:
+            if t is not None and t not in controls:
                 run.append(t)
                 continue
             if run:
-                self._put_run(run, after, tokenizer)
+                self._put(before.key(), run, tokenizer)
                 # the answer's last run, less the whitespace a model may
                 # write after its last call (the grammar's _trailing), which
                 # no template writes back
                 bare = len(run)
-                while bare and not tokenizer.decode(run[bare - 1:bare]).strip():
+                while bare > start and not tokenizer.decode(run[bare - 1:bare]).strip():
                     bare -= 1
                 if (t is None or t in special.end_ids) and 0 < bare < len(run):
-                    self._put_run(run[:bare], after, tokenizer)
-            run = []
-            after = t
+                    self._put(before.key(), run[:bare], tokenizer)
+                before.extend(run)
+            if t is not None:
+                before.extend([t])
+            run, start = [], 0
 
-    def prompt_end(self, control: int | None, text: str) -> None:
-        """A prompt the model answers ends with ``control`` (None: no control
-        token in it) and ``text`` after it: its answer's first run comes
-        back after them."""
-        with self._lock:
-            self._ends[(control, text)] = None
-            self._ends.move_to_end((control, text))
-            while len(self._ends) > self._ENDS_KEPT:
-                self._ends.popitem(last=False)
-
-    def _put_run(self, run: list[int], after: int | None, tokenizer: TokenizerWrapper) -> None:
+    def _put(self, key: bytes, run: list[int], tokenizer: TokenizerWrapper) -> None:
         text = tokenizer.decode(run, skip_special_tokens=False)
-        if "\ufffd" not in text:
-            self._put(text, run, after)
-
-    def _put(self, text: str, ids: list[int], after: int | None) -> None:
+        if "\ufffd" in text:
+            return   # cut inside a character
+        own = tokenizer.encode_text(text) == run
         with self._lock:
-            key = (text, after)
-            kept = self._runs.setdefault(key, [])
-            kept.append(list(ids))
-            del kept[:-self._KEPT]
-            self._runs.move_to_end(key)
+            if own:   # the tokenizer gives it back: only forget what an earlier answer wrote there
+                self._runs.pop((key, text), None)
+                return
+            self._runs[key, text] = list(run)
+            self._runs.move_to_end((key, text))
             while len(self._runs) > self.capacity:
                 self._runs.popitem(last=False)
 
-    def encode(self, piece: str, after: int | None, tokenizer: TokenizerWrapper,
-               occurrence: int = 0, count: int = 1) -> list[int]:
-        """``piece`` (after the control token ``after``; None: at the prompt's
-        start) as tokens. A piece that is a prompt's end and then an
-        answer's first run (the longest such run) is the end in the
-        tokenizer's tokens and the run in the model's; else a run the model
-        wrote after ``after`` that is the whole piece keeps its tokens. Where
-        the same text comes ``count`` times after the same control token in
-        one prompt (one tool called each turn), the last occurrences take
-        the latest tokenizations, in order."""
-        head, first = None, None
+    def get(self, key: bytes, piece: str) -> list[int] | None:
+        """The tokens the model wrote ``piece`` in after the tokens whose
+        digest is ``key``, if it did."""
         with self._lock:
-            for control, text in self._ends:
-                if control == after and len(text) < len(piece) and piece.startswith(text) \
-                        and (head is None or len(text) < len(head)) \
-                        and (kept := self._runs.get((piece[len(text):], None))):
-                    head, first = text, list(kept[-1])
-            # (a first run's key holds None: no piece at a prompt's start takes it whole)
-            whole = self._runs.get((piece, after)) if first is None and after is not None else None
-            if whole:
-                return list(whole[max(0, len(whole) - count + occurrence)])
-        if first is None:
-            return tokenizer.encode_text(piece)
-        return (tokenizer.encode_text(head) if head else []) + first
+            ids = self._runs.get((key, piece))
+            if ids is not None:
+                self._runs.move_to_end((key, piece))
+            return ids
+
+
+class _TokenDigest:
+    """A digest of a token sequence, extended as it grows (never rehashed
+    whole): the memo's key for what comes after it."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+
+    def extend(self, ids: list[int]) -> None:
+        self._hash.update(array("I", ids).tobytes())
+
+    def key(self) -> bytes:
+        return self._hash.digest()
 
 
 def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWrapper,
@@ -192,7 +185,7 @@ def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWra
     """Token ids of a rendered prompt: added-token texts (the template's) as
     their ids, everything between as plain text with the client's characters
     restored (and the model's own tokens for text it wrote, from ``memo``,
-    which learns where this prompt ends: its answer starts there)."""
+    where everything before that text is as the model's answer had it)."""
     by_text = {t: i for i, t in sorted(special.texts.items(), reverse=True)}
     pattern = re.compile("|".join(map(re.escape, sorted(by_text, key=len, reverse=True))))
     parts: list[str | int] = []   # plain pieces and control token ids, in order
@@ -204,24 +197,16 @@ def tokenize_rendered(text: str, special: SpecialTokens, tokenizer: TokenizerWra
         pos = m.end()
     if pos < len(text):
         parts.append(escaper.unescape(text[pos:]))
-    # the part before each part: for a piece, its control token (None at the prompt's start)
-    before = [parts[i - 1] if i else None for i in range(len(parts))]
-    counts = Counter((p, b) for p, b in zip(parts, before) if isinstance(p, str))
-    seen: Counter = Counter()
     ids: list[int] = []
-    for part, after in zip(parts, before):
+    before = _TokenDigest()   # of every id so far
+    for part in parts:
         if isinstance(part, int):
-            ids.append(part)
-        elif memo is None:
-            ids += tokenizer.encode_text(part)
+            new = [part]
         else:
-            ids += memo.encode(part, after, tokenizer, seen[part, after], counts[part, after])
-            seen[part, after] += 1
-    if memo is not None:   # the answer starts where the prompt ends
-        if parts and isinstance(parts[-1], str):
-            memo.prompt_end(before[-1], parts[-1])
-        else:
-            memo.prompt_end(parts[-1] if parts else None, "")
+            written = memo.get(before.key(), part) if memo is not None else None
+            new = list(written) if written is not None else tokenizer.encode_text(part)
+        ids += new
+        before.extend(new)
     return ids
 
 
@@ -232,10 +217,11 @@ def rendered_back(ids: list[int], block: list[int], block_prefix: str, runs: lis
     hold: a text trigger) as the template renders it back (``runs``: its
     marker tokens and texts, tool_formats.ToolFormat.rendered_runs): each
     text in the model's tokens where the model wrote that text, in the
-    tokenizer's elsewhere. Remembered so (CompletionMemo), a text the
-    template writes in every call turn ("commentary json") keeps one
-    tokenization per turn it comes back from, in order, where the model
-    wrote some calls otherwise (gpt-oss's other spellings)."""
+    tokenizer's elsewhere. Remembered so (CompletionMemo: each run under
+    the tokens before it), the runs after the call are kept where the next
+    prompt holds them, after the call as the template renders it: the turns
+    after this one come back whole, though the model wrote the call in a
+    spelling of its own (gpt-oss's other spellings)."""
     controls = special.control_ids
     before = ids[:len(ids) - len(block)]
     k = len(before)

@@ -143,8 +143,8 @@ def prepare_chat(chat: ChatFormat, compile_check: Callable[[str], Any], messages
     layout = (chat.reasoning.open, chat.reasoning.close, chat.reasoning.after) if chat.reasoning else None
     return ChatPlan(encoded.ids, params, grammar, encoded,
                     lambda: ChatParser(chat.special, chat.tokenizer, fmt, schemas, layout,
-                                       encoded.reasoning_state, on_finish=chat.remember,
-                                       stop=params.stop, markers=chat.markers))
+                                       encoded.reasoning_state, stop=params.stop, markers=chat.markers,
+                                       on_finish=lambda ids: chat.remember(encoded.ids, ids)))
 
 
 # -- checks ------------------------------------------------------------
