@@ -205,3 +205,28 @@ def test_repository_paths_exist():
 
     failures = _failures(check)
     assert not failures, "\n".join(failures)
+
+
+def test_nothing_points_outside_the_repository():
+    """A fresh clone has every page the docs send a reader to: no relative
+    link leaves the repository, and no document outside it (a `../…md`
+    path) is named as a source, in a link or in code. Test material beside
+    the repository (`../shared/chat-templates`) is data, not a page."""
+    outside_doc = re.compile(r"\.\./[\w./-]*\.md\b")
+
+    def check(doc: Path):
+        _, prose = _parsed(doc)
+        for n, line in prose:
+            for target in LINK.findall(line):
+                if re.match(r"^[A-Za-z][\w+.-]*:", target):
+                    continue
+                path = (doc.parent / target.partition("#")[0]).resolve()
+                if path != ROOT and ROOT not in path.parents:
+                    yield n, f"link to {target} leaves the repository"
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for name in outside_doc.findall(line):
+                if ROOT not in (doc.parent / name).resolve().parents:
+                    yield n, f"{name} is a document outside the repository"
+
+    failures = _failures(check)
+    assert not failures, "\n".join(failures)
