@@ -3,7 +3,7 @@ scored by BFCL's own questions and AST checker:
 
     python benches/bench_tools.py [--model qwen2.5-coder-0.5b qwen2.5-coder-1.5b] [--per-category 10]
                                   [--tool-choice auto required] [--concurrency 4] [--threads N]
-                                  [--seed 0] [--llama-server PATH] [--no-peer] [--json PATH]
+                                  [--seed 0] [--llama-server PATH] [--no-peer | --peer-only] [--json PATH]
     python benches/bench_tools.py --auto-cost 3     # what tool_choice "auto"'s grammar costs, offline
 
 Needs `make bench-setup`: bfcl-eval (BFCL v4's questions, possible answers and
@@ -418,7 +418,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="compute threads, both engines")
     ap.add_argument("--seed", type=int, default=0, help="the sample of each category")
     ap.add_argument("--llama-server", default=str(LLAMA_SERVER))
-    ap.add_argument("--no-peer", action="store_true", help="guided only")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--no-peer", action="store_true", help="guided only")
+    only.add_argument("--peer-only", action="store_true",
+                      help="llama.cpp only (its rows beside guided's from an earlier run: no ratio)")
     ap.add_argument("--json", metavar="PATH", help="also write the rows, every answer and the machine here")
     ap.add_argument("--auto-cost", type=int, metavar="ROUNDS", default=0,
                     help="instead: the cost of auto's tool grammar, offline (grammar on and off, "
@@ -440,7 +443,10 @@ def main() -> None:
                   f"ratio {cost['ratio']:.3f}; {cost['same_answers']} answers the same text")
         return
     by_id = {q["id"]: q for q in questions}
-    engines = {"guided": guided_command, **({"llama.cpp": llama_command} if peer else {})}
+    if args.peer_only and not peer:
+        sys.exit(f"--peer-only: no llama-server at {args.llama_server} (make bench-setup)")
+    engines = {**({} if args.peer_only else {"guided": guided_command}),
+               **({"llama.cpp": llama_command} if peer else {})}
     rows, answers = [], []
     for name in args.model:
         path = model_path(name)
