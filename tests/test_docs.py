@@ -178,19 +178,24 @@ def test_python_modules_exist():
     assert not failures, "\n".join(failures)
 
 
+def _relative_links(doc: Path):
+    """(line, target) of each link in ``doc``'s prose that is not a URL."""
+    _, prose = _parsed(doc)
+    for n, line in prose:
+        for target in LINK.findall(line):
+            if not re.match(r"^[A-Za-z][\w+.-]*:", target):   # http:, https:, mailto:
+                yield n, target
+
+
 def test_relative_links_resolve():
     def check(doc: Path):
-        _, prose = _parsed(doc)
-        for n, line in prose:
-            for target in LINK.findall(line):
-                if re.match(r"^[A-Za-z][\w+.-]*:", target):   # http:, https:, mailto:
-                    continue
-                where, _, anchor = target.partition("#")
-                path = (doc.parent / where).resolve() if where else doc
-                if not path.exists():
-                    yield n, f"link to {target}: {where} does not exist"
-                elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
-                    yield n, f"link to {target}: no heading #{anchor} in {_rel(path)}"
+        for n, target in _relative_links(doc):
+            where, _, anchor = target.partition("#")
+            path = (doc.parent / where).resolve() if where else doc
+            if not path.exists():
+                yield n, f"link to {target}: {where} does not exist"
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                yield n, f"link to {target}: no heading #{anchor} in {_rel(path)}"
 
     failures = _failures(check)
     assert not failures, "\n".join(failures)
@@ -215,14 +220,10 @@ def test_nothing_points_outside_the_repository():
     outside_doc = re.compile(r"\.\./[\w./-]*\.md\b")
 
     def check(doc: Path):
-        _, prose = _parsed(doc)
-        for n, line in prose:
-            for target in LINK.findall(line):
-                if re.match(r"^[A-Za-z][\w+.-]*:", target):
-                    continue
-                path = (doc.parent / target.partition("#")[0]).resolve()
-                if path != ROOT and ROOT not in path.parents:
-                    yield n, f"link to {target} leaves the repository"
+        for n, target in _relative_links(doc):
+            path = (doc.parent / target.partition("#")[0]).resolve()
+            if path != ROOT and ROOT not in path.parents:
+                yield n, f"link to {target} leaves the repository"
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
             for name in outside_doc.findall(line):
                 if ROOT not in (doc.parent / name).resolve().parents:
