@@ -120,7 +120,7 @@ SWEEP = range(0, 33)
 def budget_sweep(llm: LLM, seeds: int) -> list[dict]:
     """Required and named calls with OPENAI_TOOLS at every budget from the
     shortest call to +32 tokens: whole calls that validate, finish
-    reasons, and each request's closing time (rust/closing.rs: its first
+    reasons, and each request's closing time (rust/grammar/closing.rs: its first
     search, fit checks and searches), p50 and p99."""
     import jsonschema
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in OPENAI_TOOLS}

@@ -16,7 +16,7 @@ engines run greedy with end tokens ignored, so they produce the same number
 of tokens; the runs are interleaved (each repetition runs every engine) and
 the best repetition counts. guided runs its CPU default (the GGUF's blocks,
 the native step), the same blocks through the torch step (what the CPU step
-was before rust/decoder.rs; --no-torch-step leaves it out) and float32.
+was before rust/cpu/native_step.rs; --no-torch-step leaves it out) and float32.
 Prints one row per (engine, dtype, batch), guided/llama.cpp and
 guided/transformers ratios, and a profile of the native step's decode at
 each batch: ms per phase and the share of the step outside the matmul and

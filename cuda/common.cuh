@@ -1,5 +1,5 @@
 // Shared by the kernels in this folder: element loads as float, and the
-// counter-based random numbers the sampler draws (rust/cuda_reference.rs
+// counter-based random numbers the sampler draws (rust/cuda/reference.rs
 // computes the same numbers on the CPU, so a seeded draw is reproducible
 // there).
 #pragma once
@@ -35,7 +35,7 @@ __device__ __forceinline__ uint64_t draw_bits(uint64_t seed, uint64_t step, uint
 // A uniform in (0, 1): the top 23 bits, offset by half a step, so that
 // neither 0 nor 1 comes out and -log(-log(u)) is finite (k + 0.5 is exact
 // in float for k < 2^23; with 24 bits the largest rounded up to 1, whose
-// Gumbel is +inf). rust/random.rs defines the same stream for the CPU.
+// Gumbel is +inf). rust/sampling/random.rs defines the same stream for the CPU.
 __device__ __forceinline__ float uniform_open(uint64_t bits) {
   return ((float)(bits >> 41) + 0.5f) * (1.0f / 8388608.0f);
 }

@@ -8,8 +8,8 @@
 // already at the hardware's peak there; decode is bandwidth-bound, reads
 // every cached position once, and gathering first would read it twice.
 //
-// rust/cuda_reference.rs holds the same algorithm on the CPU, tested
-// against torch; rust/cuda.rs launches these kernels.
+// rust/cuda/reference.rs holds the same algorithm on the CPU, tested
+// against torch; rust/cuda/launchers.rs launches these kernels.
 #include "common.cuh"
 
 namespace guided {

@@ -1,7 +1,7 @@
 // Mask-fused sampling: logits [rows, vocab] (float32) and the grammar's
 // packed bitmask [rows, words] (bit j of word i allows token 32 i + j;
 // tokens past the last word are not allowed; the CPU sampler's format,
-// rust/sampling.rs) → one token id and its log-probability per row. The
+// rust/sampling/cpu_sampler.rs) → one token id and its log-probability per row. The
 // mask is applied as the logits are read: no masked copy of the logits is
 // ever written.
 //
@@ -23,8 +23,8 @@
 // Penalties, logit bias and banned tokens are applied before, in place, by
 // guided_adjust_logits (a few entries per row, not a pass over the row).
 //
-// rust/cuda_reference.rs runs the same passes on the CPU (tested against
-// torch); rust/cuda.rs launches these kernels.
+// rust/cuda/reference.rs runs the same passes on the CPU (tested against
+// torch); rust/cuda/launchers.rs launches these kernels.
 #include "common.cuh"
 
 namespace guided {
@@ -40,7 +40,7 @@ __device__ __forceinline__ bool allowed(const uint32_t* mask, int words, int i) 
   return w < words && ((mask[w] >> (i & 31)) & 1u);
 }
 
-// NaN is never drawn; +inf is the largest float (rust/sampling.rs sanitize).
+// NaN is never drawn; +inf is the largest float (rust/sampling/cpu_sampler.rs sanitize).
 __device__ __forceinline__ float clean(float x) {
   return isnan(x) ? -INFINITY : (x == INFINITY ? 3.402823466e38f : x);
 }

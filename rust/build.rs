@@ -12,16 +12,16 @@
 //! * ggml-cpu's x86 dot products and activation quantizers
 //!   (`ggml-cpu/arch/x86/quants.c`) once per ISA level, each copy's public
 //!   names prefixed with its level (`guided_avx2_ggml_vec_dot_q4_1_q8_1`).
-//!   The Rust side (`rust/quant.rs`) picks the best level the CPU has at run
+//!   The Rust side (`rust/cpu/quant.rs`) picks the best level the CPU has at run
 //!   time, so one build runs on AVX2-only and AVX-512 machines alike.
 //!
 //! With the `cuda` feature it also compiles the kernels in `cuda/` with nvcc
 //! into one fatbin per file (machine code for sm_80 and sm_90, and sm_90 PTX
-//! that newer GPUs compile at load), which `rust/cuda.rs` embeds. nvcc is
+//! that newer GPUs compile at load), which `rust/cuda/launchers.rs` embeds. nvcc is
 //! found through `GUIDED_NVCC`, the build's Python environment
 //! (`nvidia-cuda-nvcc` from PyPI, which `make test` installs), or PATH.
 //! Without nvcc the module is built without the kernels, with a warning;
-//! `rust/cuda.rs` then reports why at run time (`--device cuda` runs the
+//! `rust/cuda/launchers.rs` then reports why at run time (`--device cuda` runs the
 //! torch path and says so).
 
 use std::env;
@@ -118,7 +118,7 @@ fn compile_cuda(root: &Path, out: &Path) {
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
-    // one fatbin per file, then one embedded blob per file (rust/cuda.rs)
+    // one fatbin per file, then one embedded blob per file (rust/cuda/launchers.rs)
     let mut listing = String::new();
     for src in &sources {
         let stem = src.file_stem().unwrap().to_str().unwrap();

@@ -1,4 +1,4 @@
-"""Speculative decoding (rust/speculative.rs): drafts looked up in the
+"""Speculative decoding (rust/engine/speculative.rs): drafts looked up in the
 conversation, chosen by the grammar and checked in one forward pass, change
 no token of any output, greedy or seeded, whatever the batch, the cache or
 preemption; they leave the prefix cache as it was, and they are counted.

@@ -1,14 +1,20 @@
-"""The tree's shape, as issues 36 and 51 set it: no import circle among the
-Rust modules nor among the Python modules (imports inside functions count),
-the model layer never reaching up to the engine or the server, the base
-layer (the special-token registry, the tokenizer, the model catalogue)
-importing nothing above it, no source file so long that its concerns blur
-(Python over 450 lines, Rust over 900 outside its tests), and a README of at
-most 180 lines.
+"""The tree's shape, as issues 36, 51 and 63 set it: no import circle among
+the Rust modules nor among the Python modules (imports inside functions
+count), the model layer never reaching up to the engine or the server, the
+base layer (the special-token registry, the tokenizer, the model catalogue)
+importing nothing above it, rust/'s folders as layers (`RUST_LAYERS`: each
+imports only the folders listed for it; only the bindings name the bindings),
+no file stem shared between rust/ and python/ or cuda/ (a Rust file named by
+its role: `native_step.rs`, not a second `decoder`), no source file so long
+that its concerns blur (Python over 450 lines, Rust over 900 outside its
+tests), and a README of at most 180 lines.
 
 Read from the sources with the standard library only: `ast` for Python
-(imports anywhere, outside `if TYPE_CHECKING:`), `crate::` paths for Rust
-(code after a file's `#[cfg(test)]` and the `*_tests.rs` files are tests).
+(imports anywhere, outside `if TYPE_CHECKING:`), `crate::` and `super::`
+paths for Rust (`use` groups expanded; a module is its crate path,
+`engine::scheduler`; code after a file's `#[cfg(test)]` and the
+`*_tests.rs` files are tests: left out of the circle check, read by the
+layer check).
 """
 from __future__ import annotations
 
@@ -151,6 +157,22 @@ def test_no_python_source_file_is_too_long():
 
 # ---- Rust -----------------------------------------------------------------
 
+#: The Rust folders as layers: what each may import besides itself (lib.rs,
+#: the crate root that declares them, excepted). Only the bindings name the
+#: bindings; the core layers import nothing of each other but what is listed.
+RUST_LAYERS: dict[str, set[str]] = {
+    "cpu": set(),         # the native CPU step and its kernels
+    "sampling": set(),    # the seeded random stream, the CPU sampler
+    "grammar": set(),     # llguidance's matchers, the closing search
+    "cuda": {"cpu", "sampling"},            # launchers, CPU references, device rows
+    "engine": {"grammar", "sampling", "cuda"},   # the scheduler and what it schedules
+    "bindings": {"cpu", "sampling", "grammar", "cuda", "engine"},   # PyO3, translation only
+}
+#: Stems a Rust file may share with a Python or CUDA file, for the one concept
+#: both files are (stem: why). None: a stem names one thing in the whole tree.
+SHARED_STEMS: dict[str, str] = {}
+
+
 def _rust_code(path: Path) -> str:
     """The file's code before its tests (`#[cfg(test)]` at the start of a line)."""
     text = path.read_text()
@@ -158,27 +180,158 @@ def _rust_code(path: Path) -> str:
     return text[:cut.start()] if cut else text
 
 
-def _rust_graph() -> dict[str, set[str]]:
-    files = {p.stem: p for p in RUST.glob("*.rs") if not p.stem.endswith("_tests") and p.stem != "build"}
+def _rust_module(path: Path) -> str:
+    """A file's crate path: rust/engine/scheduler.rs → `engine::scheduler`,
+    rust/cpu/mod.rs → `cpu`, rust/lib.rs → `` (the crate root)."""
+    parts = list(path.relative_to(RUST).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib"):
+        parts.pop()
+    return "::".join(parts)
+
+
+def _rust_modules() -> dict[str, Path]:
+    """Every module file but the build script and the `*_tests.rs` files
+    (tests, included by their module through `#[path]`)."""
+    return {_rust_module(p): p for p in RUST.rglob("*.rs")
+            if not p.stem.endswith("_tests") and p != RUST / "build.rs"}
+
+
+def _use_paths(code: str, module: str) -> set[str]:
+    """The absolute paths (`engine::scheduler::Error`) that `code` names from
+    `crate::` or `super::`, `{...}` groups expanded (nested too)."""
+    found: set[str] = set()
+
+    def tree(i: int, prefix: list[str]) -> int:
+        """Reads the use tree at code[i:] under `prefix`; returns where it ends."""
+        while True:
+            m = re.match(r"\s*(\w+)\s*(::)?", code[i:])
+            if m:
+                i += m.end()
+                if m.group(1) == "self":
+                    found.add("::".join(prefix))
+                    return i
+                prefix = prefix + [m.group(1)]
+                if not m.group(2):
+                    found.add("::".join(prefix))
+                    return i
+                continue
+            m = re.match(r"\s*\{", code[i:])
+            if not m:   # `*` or the end of a path
+                found.add("::".join(prefix))
+                return i
+            i += m.end()
+            while True:
+                i = tree(i, prefix)
+                m = re.match(r"\s*(,|\})", code[i:])
+                if not m:
+                    return i
+                i += m.end()
+                if m.group(1) == "}":
+                    return i
+                if re.match(r"\s*\}", code[i:]):   # a trailing comma
+                    return i + re.match(r"\s*\}", code[i:]).end()
+
+    parent = module.split("::")[:-1] if module else []
+    for m in re.finditer(r"\b(crate|super)::", code):
+        tree(m.end(), [] if m.group(1) == "crate" else parent)
+    return found
+
+
+def _rust_imports(code: str, module: str, modules: set[str]) -> set[str]:
+    """The modules `code` (of `module`) uses: each path's longest prefix that
+    is a module, the module itself and its ancestors (the folders that
+    declare it) left out."""
+    code = re.sub(r"//[^\n]*", "", code)   # comments name modules too
+    used = set()
+    for path in _use_paths(code, module):
+        parts = path.split("::")
+        for n in range(len(parts), 0, -1):
+            if (prefix := "::".join(parts[:n])) in modules:
+                used.add(prefix)
+                break
+    return {m for m in used if m != module and not module.startswith(m + "::")}
+
+
+def _rust_graph(with_tests: bool = False) -> dict[str, set[str]]:
+    """Module → the modules it uses: its code before its tests, or (with_tests)
+    all of it and its `*_tests.rs` files too."""
+    modules = _rust_modules()
     graph = {}
-    for name, path in files.items():
-        code = re.sub(r"//[^\n]*", "", _rust_code(path))   # comments name modules too
-        used = set(re.findall(r"\bcrate::(\w+)", code))
-        used |= {m for group in re.findall(r"\bcrate::\{([^}]*)\}", code) for m in re.findall(r"\b(\w+)\b", group)}
-        graph[name] = {m for m in used if m in files and m != name}
+    for name, path in modules.items():
+        if not name:
+            continue   # lib.rs declares the layers; it imports none
+        code = path.read_text() if with_tests else _rust_code(path)
+        if with_tests:
+            code += "".join(p.read_text() for p in path.parent.glob(f"{path.stem}_tests.rs"))
+        graph[name] = _rust_imports(code, name, set(modules))
     return graph
+
+
+def _layer_breaches(graph: dict[str, set[str]], layers: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for each use that crosses from a folder into one its layer
+    may not import (a module outside every folder is a breach too)."""
+    found = []
+    for name, used in sorted(graph.items()):
+        top = name.split("::")[0]
+        for m in sorted(used):
+            to = m.split("::")[0]
+            if top not in layers or (to != top and to not in layers[top]):
+                found.append(f"{name} -> {m}")
+    return found
 
 
 def test_no_import_circle_among_rust_modules():
     graph = _rust_graph()
-    assert graph["scheduler"] and graph["python"], graph   # the reading finds the edges there are
+    # the reading finds the edges there are, through groups and nested groups
+    assert "grammar::matchers" in graph["engine::scheduler"], graph["engine::scheduler"]
+    assert "engine::scheduler" in graph["bindings::python"], graph["bindings::python"]
     assert _cycles(graph) == []
 
 
+def test_rust_folders_import_only_the_layers_below_them():
+    folders = {p.name for p in RUST.iterdir() if p.is_dir()}
+    assert folders == set(RUST_LAYERS), "a new folder of rust/ needs its row in RUST_LAYERS"
+    loose = sorted(p.name for p in RUST.glob("*.rs") if p.name not in ("lib.rs", "build.rs"))
+    assert loose == [], "every module lives in a folder (its layer)"
+    assert _layer_breaches(_rust_graph(with_tests=True), RUST_LAYERS) == []
+
+
+def test_the_rust_reading_and_the_layer_check_can_fail():
+    code = "use crate::cpu::{pool::{self, SendPtr}, simd};\nuse super::x::Y;\nfn f() { crate::engine::scheduler::go() }"
+    assert _use_paths(code, "cuda::launchers") == {"cpu::pool", "cpu::pool::SendPtr", "cpu::simd",
+                                                 "cuda::x::Y", "engine::scheduler::go"}
+    modules = {"cpu", "cpu::pool", "cpu::simd", "cuda", "cuda::x", "engine::scheduler"}
+    assert _rust_imports(code, "cuda::launchers", modules) == {"cpu::pool", "cpu::simd", "cuda::x", "engine::scheduler"}
+    layers = {"cpu": set(), "cuda": {"cpu"}}
+    graph = {"cuda::launchers": {"cpu::pool", "cuda::x", "engine::scheduler"}, "cpu::pool": {"cuda::x"}, "loose": set()}
+    assert _layer_breaches(graph, layers) == ["cpu::pool -> cuda::x", "cuda::launchers -> engine::scheduler"]
+    assert _layer_breaches({"loose": {"cpu"}}, layers) == ["loose -> cpu"]
+
+
 def test_no_rust_file_is_too_long_outside_its_tests():
-    long = {p.name: n for p in RUST.glob("*.rs")
+    long = {str(p.relative_to(ROOT)): n for p in RUST.rglob("*.rs")
             if not p.stem.endswith("_tests") and (n := len(_rust_code(p).splitlines())) > MAX_RUST_LINES}
     assert long == {}
+
+
+def _shared_stems() -> dict[str, list[str]]:
+    """Stems of rust/**/*.rs (the crate root, folder roots and the build
+    script aside) that a python/**/*.py or cuda/ file also has."""
+    rust = {p.stem: p for p in RUST.rglob("*.rs") if p.stem not in ("lib", "mod", "build")}
+    others = [*PY.rglob("*.py"), *(ROOT / "cuda").glob("*.cu"), *(ROOT / "cuda").glob("*.cuh")]
+    shared: dict[str, list[str]] = {}
+    for p in others:
+        if p.stem in rust:
+            shared.setdefault(p.stem, [str(rust[p.stem].relative_to(ROOT))]).append(str(p.relative_to(ROOT)))
+    return shared
+
+
+def test_a_file_name_says_one_thing_across_languages():
+    # decoder.py (the torch executor) and decoder.rs (the native CPU step)
+    # were two things under one name; a Rust file is named by its role
+    shared = _shared_stems()
+    assert {s: f for s, f in shared.items() if s not in SHARED_STEMS} == {}
+    assert set(SHARED_STEMS) <= set(shared), "an allowed pair that no longer exists"
 
 
 def test_the_cycle_finder_finds_cycles():

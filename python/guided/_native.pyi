@@ -33,7 +33,7 @@ _Floats = npt.NDArray[np.float32] | list[float]
 @final
 class DeviceRows:
     """One step's ``R`` sampling rows as the device sampler reads them
-    (read-only numpy arrays; rust/device_sampling.rs)."""
+    (read-only numpy arrays; rust/cuda/device_sampling.rs)."""
 
     mask: npt.NDArray[np.int32] | None
     """[R, ceil(V / 32)] packed bits (an unconstrained row allows all); None
@@ -159,7 +159,7 @@ class Scheduler:
         """``speculative``: whether requests that do not say speculate;
         ``num_speculative_tokens``: the most tokens a step looks up for one
         sequence (0: never); ``drafter``: "lookup" or "random:SEED"
-        (rust/speculative.rs). ValueError on another drafter."""
+        (rust/engine/speculative.rs). ValueError on another drafter."""
     def add_request(
         self,
         seq_id: int,
@@ -240,7 +240,7 @@ class Scheduler:
         RuntimeError before any plan."""
     def device_rows(self, vocab: int) -> DeviceRows:
         """The last plan's sampling rows as the device sampler's kernels read
-        them (rust/device_sampling.rs), the grammar masks joined in (in place
+        them (rust/cuda/device_sampling.rs), the grammar masks joined in (in place
         of ``sample``). Advances the random streams of the rows it hands
         over; rows marked ``host`` go to ``sample_host``."""
     def sample_host(self, logits: npt.NDArray[np.float32], rows: list[int]
@@ -353,7 +353,7 @@ class QuantMatrix:
     """A weight matrix [rows, cols] given in a ggml block format (a GGUF
     tensor's bytes as stored). Where the format has a packing (Q4_0, Q4_1,
     Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) it is repacked, eight rows
-    interleaved, for the multi-row kernels (rust/packed.rs: activations
+    interleaved, for the multi-row kernels (rust/cpu/packed.rs: activations
     quantized to 8 bits per 32 columns, each weight block loaded once for
     every row of a call); Q2_K and Q3_K keep ggml's rows and one-row dot
     products. Rows split over threads, the GIL released; a row's result never
@@ -394,7 +394,7 @@ def ggml_quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> npt.NDArray
 
 @final
 class CpuDecoder:
-    """A model's CPU step in native code (rust/decoder.rs; built by
+    """A model's CPU step in native code (rust/cpu/native_step.rs; built by
     guided.model.native from a loaded model): every layer of every row of a
     step in one call, the GIL released."""
 
@@ -429,7 +429,7 @@ def cpu_paged_attention(q: npt.NDArray[np.float32], k_cache: npt.NDArray[np.floa
                         sinks: npt.NDArray[np.float32] | None = None, linger: bool = True) -> None:
     """out [rows, heads, head_size] = each query row's attention over positions
     0..=pos[r] of sequence seq[r] (its block table row), computed on its own
-    (rust/attention.rs): the same bits in any batch. Caches [blocks,
+    (rust/cpu/cpu_attention.rs): the same bits in any batch. Caches [blocks,
     block_size, kv_heads, head_size], float32 or bfloat16 as uint16 bits;
     `window`: the last positions seen; `softcap`: tanh capping; `sinks`: one
     logit per head joining the softmax; `linger`: the kernel threads spin

@@ -57,7 +57,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     #: Speculative decoding for requests that do not say (SamplingParams.speculative):
     #: drafts looked up in each sequence's own tokens, chosen by its grammar, at most
-    #: num_speculative_tokens a step (rust/speculative.rs). ``drafter`` is "lookup",
+    #: num_speculative_tokens a step (rust/engine/speculative.rs). ``drafter`` is "lookup",
     #: or "random:SEED" (drafts the grammar mostly refuses: for tests of the checking).
     speculative: bool = False
     num_speculative_tokens: int = 8

@@ -43,7 +43,7 @@ MESSAGE_END_TEXTS: Mapping[str, str] = MappingProxyType({"<|end|>": "<|return|>"
 # <|call|>, GigaChat's <|message_sep|>, which a call turn may follow); no
 # grammar allows them as its end (SpecialTokens.grammar_end_ids), and under
 # a grammar one ends the output only where the grammar may end
-# (rust/sequence.rs: append_under).
+# (rust/engine/sequence.rs: append_under).
 WRITTEN_END_TEXTS = frozenset({"<|call|>", "<|message_sep|>"})
 
 # Markers other modules ask for by a role: text → role. The tool-call format

@@ -148,7 +148,7 @@ def test_the_table_has_every_spelling_the_template_s_first(harmony):
         ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
 
 
-@pytest.mark.xfail(strict=True, reason="the closing's search (rust/closing.rs) takes the shortest bytes, and "
+@pytest.mark.xfail(strict=True, reason="the closing's search (rust/grammar/closing.rs) takes the shortest bytes, and "
                    "the analysis channel with no content type is shorter than the template's spelling")
 def test_the_closing_writes_the_template_spelling(harmony):
     """Where the closing at max_tokens writes a call the model has not

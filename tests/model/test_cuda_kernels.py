@@ -1,7 +1,7 @@
 """The CUDA kernels (cuda/): built into the native module wherever nvcc is
 found at build time (make test installs it; rust/build.rs),
 their algorithms checked on the CPU through the Rust references that run
-the same passes (rust/cuda_reference.rs), their launchers' argument checks
+the same passes (rust/cuda/reference.rs), their launchers' argument checks
 run without a GPU, and the kernels themselves checked against the
 references and torch where a GPU is (skipped with the reason elsewhere).
 

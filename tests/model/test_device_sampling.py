@@ -1,7 +1,7 @@
 """Sampling on the device in the engine step (model/device_sampler.py):
 the scheduler's rows as the kernels read them, the adjust and masked-sample
 passes, top-logprob rows on the host. Here the kernels' CPU reference
-(rust/cuda_reference.rs) stands in for them; tests/model/test_cuda_kernels.py
+(rust/cuda/reference.rs) stands in for them; tests/model/test_cuda_kernels.py
 runs the same batch through the kernels on a GPU."""
 from __future__ import annotations
 

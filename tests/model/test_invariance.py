@@ -3,7 +3,7 @@ batch it shares, the chunks its prompt was prefilled in, or what other
 requests left in the prefix cache.
 
 On the CPU this rests on two things, each tested here: the attention over the
-paged cache (rust/attention.rs) computes every query row on its own, and the
+paged cache (rust/cpu/cpu_attention.rs) computes every query row on its own, and the
 quantized default's linears take ggml's 8-bit kernel for every row count
 (model/quant_linear.py). The end-to-end test runs the default model as a
 user gets it.
@@ -80,7 +80,7 @@ def test_native_attention_is_torchs_and_each_row_its_own(seqs, window, softcap, 
 
 def _reference_kernel(q, k_cache, v_cache, tables, lens, scale, out=None, *, window=None, softcap=None,
                       sinks=None):
-    """cuda_ops.paged_decode's algorithm on the CPU (rust/cuda_reference.rs)."""
+    """cuda_ops.paged_decode's algorithm on the CPU (rust/cuda/reference.rs)."""
     got = _native.reference_paged_decode(q.float().numpy(), k_cache.float().numpy(), v_cache.float().numpy(),
                                          tables.numpy(), lens.numpy(), scale, window or 0, softcap or 0.0,
                                          None if sinks is None else sinks.numpy())

@@ -1,4 +1,4 @@
-"""The CPU step as native code (rust/decoder.rs, model/native.py) against the
+"""The CPU step as native code (rust/cpu/native_step.rs, model/native.py) against the
 torch decoder it replaces on the CPU (decoder.py, still the CUDA path).
 
 Every architecture's tiny model (helpers/tiny_models.py), through the engine,

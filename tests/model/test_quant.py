@@ -1,4 +1,4 @@
-"""Quantized linears (ggml's CPU kernels through rust/quant.rs) against
+"""Quantized linears (ggml's CPU kernels through rust/cpu/quant.rs) against
 dequantize-then-matmul, for every GGUF block format with a kernel; the
 dequantization checked against the `gguf` package's own, an independent
 implementation. And the quantized default model end to end."""
@@ -43,7 +43,7 @@ def test_quantized_matmul_equals_dequantize_then_matmul(name):
     blocks = _blocks(name, rows, cols, seed=FORMATS[name])
     m = _native.QuantMatrix(FORMATS[name], rows, cols, blocks)
     assert (m.rows, m.cols, m.format) == (rows, cols, name)
-    # repacked for the multi-row kernels where the format has a packing (rust/packed.rs)
+    # repacked for the multi-row kernels where the format has a packing (rust/cpu/packed.rs)
     assert m.packed == (name not in ("Q2_K", "Q3_K"))
     dense = m.dequantize()
     # the matrix holds the values the gguf package reads from the same bytes (packed or not)

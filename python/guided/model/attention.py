@@ -7,7 +7,7 @@ back by gathering its blocks through its block-table row.
 What depends only on the step (which blocks to gather, the masks) is worked out
 once per forward in an AttentionPlan and reused by every layer.
 
-On a CPU every layer's attention is one native call (rust/attention.rs): each
+On a CPU every layer's attention is one native call (rust/cpu/cpu_attention.rs): each
 query row is computed on its own and reads the cache in place, so a row's
 result is the same whatever batch, chunk or cached prefix it comes with
 (windows, soft-caps and sinks included). The rest of this file is the torch
@@ -129,7 +129,7 @@ KERNEL_QUERY_TOKENS = 16
 
 
 class AttentionPlan:
-    """`native` (on a CPU): attention by rust/attention.rs, each row on its own
+    """`native` (on a CPU): attention by rust/cpu/cpu_attention.rs, each row on its own
     (the same result in any batch, chunk or cache state); False keeps torch's
     SDPA over gathered blocks, the path a CUDA prefill takes. `head_dim`: the
     model's, which says whether the CUDA decode kernel is built for it."""

@@ -2,7 +2,7 @@
 the paged KV cache, the KV-cache write, and mask-fused sampling.
 
 The kernels are compiled into the native module at build time and launched
-from Rust (``rust/cuda.rs``) on torch's current stream, with the tensors'
+from Rust (``rust/cuda/launchers.rs``) on torch's current stream, with the tensors'
 device pointers: nothing goes through the host. Each call's sizes, dtypes
 and devices are checked in Rust before anything is launched, so a bad call
 is a ValueError naming the argument, on any machine. ``status()`` says
@@ -20,7 +20,7 @@ import torch
 from .. import _native
 
 
-#: the head sizes the decode kernel is built for (rust/cuda_reference.rs HEAD_SIZES)
+#: the head sizes the decode kernel is built for (rust/cuda/reference.rs HEAD_SIZES)
 HEAD_SIZES = (64, 128, 256)
 
 

@@ -2,7 +2,7 @@
 kernels of ``cuda/sampling.cu`` on the device that ran the forward pass.
 
 The scheduler hands over each sampling row as the kernels read it
-(``Scheduler.device_rows``, rust/device_sampling.rs): the grammar masks
+(``Scheduler.device_rows``, rust/cuda/device_sampling.rs): the grammar masks
 packed over the whole vocabulary, temperature/top-k/top-p/min-p, the seed
 and step of the sequence's own random stream (the stream the CPU sampler
 draws from, so a seed gives the same tokens on both), and one entry per
@@ -15,7 +15,7 @@ copied over before the adjustments and the CPU sampler draws them (it
 sorts the alternatives).
 
 ``backend="reference"`` runs the same two passes on the CPU
-(rust/cuda_reference.rs): the kernels' stand-in where there is no GPU, so
+(rust/cuda/reference.rs): the kernels' stand-in where there is no GPU, so
 the engine step with device sampling is tested on every machine.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The CPU step in native code: the loaded model handed to rust/decoder.rs.
+"""The CPU step in native code: the loaded model handed to rust/cpu/native_step.rs.
 
 On a CPU, a step's every layer (norms, q/k/v, q/k norms, rotation, the KV
 write, paged attention or LFM2's short convolution, the output projection,
 residuals, the MLP or its experts) runs in one native call with the GIL released, over the packed
-quantized kernels (rust/packed.rs) or float32 weights. The decoder reads the
+quantized kernels (rust/cpu/packed.rs) or float32 weights. The decoder reads the
 model as decoder.py holds it, and what differs between architectures as data
 from the architecture's row (norm placement, q/k norms, activation,
 multipliers, soft-caps, windows, sinks, rotary tables), so every architecture

@@ -2,7 +2,7 @@
 
 Decode on a CPU is bound by reading the weights: a Q4_1 matrix is a fifth of
 its fp32 bytes. `QuantLinear` holds the tensor's blocks in a native
-`QuantMatrix`, repacked for the multi-row kernels (rust/packed.rs; ggml's
+`QuantMatrix`, repacked for the multi-row kernels (rust/cpu/packed.rs; ggml's
 one-row kernels for Q2_K/Q3_K), which quantize the activations to 8 bits as
 llama.cpp does. The native CPU step (model/native.py) shares those matrices.
 

@@ -14,7 +14,7 @@ is for attention: chunked prefill, preemption, the prefix cache at any token,
 forced tokens and refused drafts (a slot written by a refused draft is
 rewritten by the next token at that position, as its K and V are).
 
-rust/short_conv.rs is the CPU step's twin.
+rust/cpu/gated_conv.rs is the CPU step's twin.
 """
 from __future__ import annotations
 

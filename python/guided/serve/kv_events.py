@@ -8,7 +8,7 @@ empty topic, the payload a msgpack array ``[ts, events]`` whose events are
 maps tagged by ``type``: ``BlockStored`` (hashes of a chain of full blocks,
 the parent's hash, their token ids, the block size) and ``BlockRemoved``
 (hashes). The router hashes the token ids itself to match prompts; our
-hashes (rust/block_manager.rs) only chain blocks and name evictions.
+hashes (rust/engine/block_manager.rs) only chain blocks and name evictions.
 
 A router that sees a gap in ``seq`` (it connected late, or missed
 messages) asks the replay socket (ZMQ ROUTER) for what it missed, from a

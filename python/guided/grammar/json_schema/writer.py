@@ -29,7 +29,7 @@ to that compiler as ``%json {...}`` leaves:
 
 Whitespace and separators are the leaves' own (``x-guidance``): the same run is the grammar's
 ``%ignore`` (once per position, as the JSON compiler skips it), so both lexeme classes agree.
-The closing search (rust/closing.rs) reads the listed keys from the member rules
+The closing search (rust/grammar/closing.rs) reads the listed keys from the member rules
 (``"\\"name\\"" ":" value``) to complete objects without writing additional keys.
 """
 from __future__ import annotations

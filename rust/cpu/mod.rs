@@ -1,0 +1,15 @@
+//! The native CPU step (`native_step.rs`: a whole step of a model in one
+//! call) and its kernels. Imports nothing of the other folders.
+
+pub mod activations;
+pub mod cpu_attention;
+pub mod dense;
+pub mod expert_routing;
+pub mod gated_conv;
+pub mod layer_ops;
+pub mod native_step;
+pub mod packed;
+pub mod pool;
+pub mod quant;
+pub mod simd;
+pub mod step_profile;

@@ -1,0 +1,786 @@
+//! Quantized weights repacked for multi-row kernels, and the kernels.
+//!
+//! A GGUF stores a weight matrix row by row in 32- or 256-column blocks. For
+//! the CPU step every block format with a packing here is rewritten once, at
+//! load, into one of two layouts: 4-bit values (`Nibbles`: Q4_0, Q4_1, Q4_K)
+//! or 8-bit values (`Bytes`: Q5_0, Q5_1, Q5_K, Q6_K, Q8_0), each with a scale
+//! per 32 columns (two for Q6_K's 16-column scales) and an offset where the
+//! format has one, so that every weight is `d·q + m` exactly as ggml
+//! dequantizes it (`tests`: bit for bit). Eight weight rows are interleaved
+//! per block — a 32-bit lane of a 256-bit register holds four values of one
+//! row — so a kernel broadcasts four activation values to every lane and one
+//! integer multiply-add serves eight rows. Each block of eight rows is loaded
+//! once per call and multiplied with every activation row of the call, where
+//! a one-row dot product (ggml's `vec_dot`) reads it once per activation row.
+//!
+//! Activations are quantized per 32 columns to 8 bits (`Activations`, as
+//! llama.cpp's Q8_0/Q8_1). An output is then, block by block, an exact
+//! integer dot product scaled in f32 by the same operations in the same
+//! order whatever the number of rows in the call, the tile a row falls in,
+//! or the ISA (AVX2's `maddubs` and AVX-512 VNNI's `dpbusd` give the same
+//! integers): a row's result never depends on its batch (issue 38's
+//! one-request-one-answer).
+
+pub use crate::cpu::activations::BLOCK;
+use crate::cpu::activations::Activations;
+pub use crate::cpu::simd::{isa, Isa};
+use crate::cpu::pool::{self, SendPtr};
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Weight rows interleaved per block.
+pub const LANES: usize = 8;
+
+/// How a packed matrix stores a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packing {
+    /// 4-bit unsigned values (else 8-bit signed)
+    nibbles: bool,
+    /// scales per row and block: 1, or 2 (one per 16 columns)
+    subs: usize,
+    /// a per-row, per-block offset: w = d·q + m
+    min: bool,
+    /// scales and offsets as f16 (the source's own, kept exactly), else f32
+    half: bool,
+    /// 8-bit values are within ±32, so four products pairs add up in 16 bits (AVX2)
+    narrow: bool,
+}
+
+impl Packing {
+    fn scale_bytes(self) -> usize {
+        if self.half {
+            2
+        } else {
+            4
+        }
+    }
+    fn mins_at(self) -> usize {
+        LANES * self.subs * self.scale_bytes()
+    }
+    fn quants_at(self) -> usize {
+        self.mins_at() + if self.min { LANES * self.scale_bytes() } else { 0 }
+    }
+    /// Bytes of one block of eight rows.
+    fn record(self) -> usize {
+        self.quants_at() + if self.nibbles { LANES * BLOCK / 2 } else { LANES * BLOCK }
+    }
+}
+
+/// The ggml formats with a packing: type id and how it packs.
+fn packing_of(ty: u32) -> Option<Packing> {
+    let p = |nibbles, subs, min, half, narrow| Some(Packing { nibbles, subs, min, half, narrow });
+    match ty {
+        2 => p(true, 1, true, true, false),    // Q4_0: q - 8 as q with m = -8d
+        3 => p(true, 1, true, true, false),    // Q4_1
+        6 => p(false, 1, false, true, true),   // Q5_0: q - 16
+        7 => p(false, 1, true, true, true),    // Q5_1
+        8 => p(false, 1, false, true, false),  // Q8_0
+        12 => p(true, 1, true, false, false),  // Q4_K: d·sc and -dmin·m per 32 columns
+        13 => p(false, 1, true, false, true),  // Q5_K
+        14 => p(false, 2, false, false, true), // Q6_K: d·sc per 16 columns
+        _ => None,
+    }
+}
+
+/// One 32-column block of one row, decoded from a ggml block: values, and
+/// the scale(s) and offset as the packing stores them (f16 bits or f32 bits).
+struct Decoded {
+    q: [i8; BLOCK],
+    scales: [u32; 2],
+    min: u32,
+}
+
+/// A weight matrix [rows, cols] in a packed layout: for each group of eight
+/// rows, for each block, a record of scales, offsets and values.
+pub struct PackedMatrix {
+    packing: Packing,
+    pub rows: usize,
+    pub cols: usize,
+    blocks: usize,
+    data: Vec<u8>,
+}
+
+impl PackedMatrix {
+    /// Whether ggml type `ty` has a packing.
+    pub fn packs(ty: u32) -> bool {
+        packing_of(ty).is_some()
+    }
+
+    /// `data`: the ggml rows of a [rows, cols] matrix in format `ty` (whose
+    /// sizes the caller checked). None where the format has no packing, or a
+    /// value cannot be kept exactly (a Q4_0 scale whose -8·d overflows f16).
+    pub fn pack(ty: u32, rows: usize, cols: usize, data: &[u8], row_bytes: usize) -> Option<PackedMatrix> {
+        let packing = packing_of(ty)?;
+        if cols % 256 != 0 && matches!(ty, 12..=14) {
+            return None;
+        }
+        let blocks = cols / BLOCK;
+        let groups = rows.div_ceil(LANES);
+        let record = packing.record();
+        let mut out = vec![0u8; groups * blocks * record];
+        let ok = std::sync::atomic::AtomicBool::new(true);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        pool::run(groups, &|g| {
+            for lane in 0..LANES.min(rows - g * LANES) {
+                let r = g * LANES + lane;
+                let row = &data[r * row_bytes..][..row_bytes];
+                for b in 0..blocks {
+                    let Some(dec) = decode(ty, row, b) else {
+                        ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    };
+                    // SAFETY: each (group, block) record is written by this task only
+                    let rec = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((g * blocks + b) * record), record) };
+                    write_lane(packing, rec, lane, &dec);
+                }
+            }
+        });
+        ok.into_inner().then_some(PackedMatrix { packing, rows, cols, blocks, data: out })
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn record(&self) -> usize {
+        self.packing.record()
+    }
+
+    /// Row `r` as f32, by the operations ggml's dequantization does (the same values, bit for bit).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let p = self.packing;
+        let (g, lane) = (r / LANES, r % LANES);
+        for b in 0..self.blocks {
+            let rec = &self.data[(g * self.blocks + b) * self.record()..][..self.record()];
+            let scale = |i: usize, at: usize| read_scale(p, &rec[at + i * p.scale_bytes()..]);
+            let min = if p.min { scale(lane, p.mins_at()) } else { 0.0 };
+            for i in 0..BLOCK {
+                let d = scale((i * p.subs / BLOCK) * LANES + lane, 0);
+                let q = read_quant(p, rec, lane, i) as f32;
+                out[b * BLOCK + i] = if p.min { q * d + min } else { q * d };
+            }
+        }
+    }
+
+    /// out [act.rows, self.rows] = the activations times this matrix's rows.
+    /// With `act.precise`, each output row sums its two activation rows' products.
+    pub fn matmul(&self, act: &Activations, out: &mut [f32]) {
+        self.matmul_with(kernel_for(self.packing, isa()), act, out)
+    }
+
+    fn matmul_with(&self, kernel: Kernel, act: &Activations, out: &mut [f32]) {
+        assert_eq!(act.cols, self.cols, "packed matmul: activation width");
+        let batch = act.batch();
+        assert_eq!(out.len(), batch * self.rows, "packed matmul: output shape");
+        let rows_per_call = kernel.rows;
+        let groups = self.rows.div_ceil(LANES);
+        let arows = act.rows;
+        // tasks: a range of groups × a range of activation rows (whose quantized rows stay in cache)
+        let row_chunk = if arows <= 64 { arows } else { 32 };
+        let row_chunks = arows.div_ceil(row_chunk);
+        let per = (groups * row_chunks).div_ceil(4 * pool::threads()).max(1);
+        let group_chunk = per.min(groups).max(if row_chunks > 1 { 1 } else { 2.min(groups) });
+        let group_chunks = groups.div_ceil(group_chunk);
+        let mut scratch = if act.precise { vec![0f32; arows * self.rows] } else { Vec::new() };
+        let target = if act.precise { SendPtr(scratch.as_mut_ptr().cast()) } else { SendPtr(out.as_mut_ptr().cast()) };
+        let record = self.record();
+        pool::run(group_chunks * row_chunks, &|task| {
+            let (gc, rc) = (task % group_chunks, task / group_chunks);
+            let target = target;
+            let mut spare = [[0f32; LANES]; MAX_ROWS];
+            for g in gc * group_chunk..((gc + 1) * group_chunk).min(groups) {
+                let full = (g + 1) * LANES <= self.rows;
+                let rec = self.data[g * self.blocks * record..].as_ptr();
+                let mut r0 = rc * row_chunk;
+                let end = ((rc + 1) * row_chunk).min(arows);
+                while r0 < end {
+                    let n = rows_per_call.min(end - r0);
+                    let null = std::ptr::null();
+                    let mut tile = Tile { rec, record, blocks: self.blocks, q: [null; MAX_ROWS], u: [std::ptr::null(); MAX_ROWS], d: [std::ptr::null(); MAX_ROWS], s: [std::ptr::null(); MAX_ROWS], out: [std::ptr::null_mut(); MAX_ROWS] };
+                    for i in 0..n {
+                        let r = r0 + i;
+                        tile.q[i] = act.q[r * act.cols..].as_ptr();
+                        if !act.u.is_empty() {
+                            tile.u[i] = act.u[r * act.cols..].as_ptr();
+                        }
+                        tile.d[i] = act.d[r * self.blocks..].as_ptr();
+                        tile.s[i] = act.s[r * self.blocks..].as_ptr();
+                        // SAFETY: (row r, group g) outputs are this task's alone
+                        tile.out[i] = if full { unsafe { (target.get() as *mut f32).add(r * self.rows + g * LANES) } } else { spare[i].as_mut_ptr() };
+                    }
+                    // SAFETY: the kernel was picked for this CPU; every pointer covers `blocks` blocks
+                    unsafe { (kernel.run)(&tile, n) };
+                    if !full {
+                        for (i, lanes) in spare.iter().enumerate().take(n) {
+                            let at = (r0 + i) * self.rows + g * LANES;
+                            for (l, &v) in lanes.iter().enumerate().take(self.rows - g * LANES) {
+                                // SAFETY: as above
+                                unsafe { *(target.get() as *mut f32).add(at + l) = v };
+                            }
+                        }
+                    }
+                    r0 += n;
+                }
+            }
+        });
+        if act.precise {
+            for (o, pair) in out.iter_mut().zip(scratch.chunks_exact(2 * self.rows).flat_map(|two| {
+                let (a, b) = two.split_at(self.rows);
+                a.iter().zip(b)
+            })) {
+                *o = pair.0 + pair.1;
+            }
+        }
+    }
+}
+
+/// One 32-column block `b` of a ggml row, as values with their scales.
+fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
+    let h = |at: usize| u16::from_le_bytes([row[at], row[at + 1]]) as u32;
+    let f = |x: f32| x.to_bits();
+    let mut q = [0i8; BLOCK];
+    let mut scales = [0u32; 2];
+    let mut min = 0;
+    match ty {
+        2 | 3 => {
+            let size = if ty == 2 { 18 } else { 20 };
+            let blk = &row[b * size..][..size];
+            let qs = &blk[size - 16..];
+            for j in 0..16 {
+                q[j] = (qs[j] & 0x0F) as i8;
+                q[j + 16] = (qs[j] >> 4) as i8;
+            }
+            scales[0] = h(b * size);
+            min = if ty == 3 { h(b * size + 2) } else { f32_to_f16_exact(-8.0 * f16_to_f32(scales[0] as u16))? as u32 };
+        }
+        6 | 7 => {
+            let size = if ty == 6 { 22 } else { 24 };
+            let blk = &row[b * size..][..size];
+            let hat = if ty == 6 { 2 } else { 4 };
+            let qh = u32::from_le_bytes([blk[hat], blk[hat + 1], blk[hat + 2], blk[hat + 3]]);
+            let qs = &blk[hat + 4..];
+            let off = if ty == 6 { 16 } else { 0 };
+            for j in 0..16 {
+                let h0 = ((qh >> j) << 4) & 0x10;
+                let h1 = (qh >> (j + 12)) & 0x10;
+                q[j] = ((qs[j] as u32 & 0x0F | h0) as i32 - off) as i8;
+                q[j + 16] = ((qs[j] as u32 >> 4 | h1) as i32 - off) as i8;
+            }
+            scales[0] = h(b * size);
+            if ty == 7 {
+                min = h(b * size + 2);
+            }
+        }
+        8 => {
+            let blk = &row[b * 34..][..34];
+            for j in 0..BLOCK {
+                q[j] = blk[2 + j] as i8;
+            }
+            scales[0] = h(b * 34);
+        }
+        12 | 13 => {
+            // 256-column super-blocks of eight 32-column blocks
+            let size = if ty == 12 { 144 } else { 176 };
+            let (sb, sub) = (b / 8, b % 8);
+            let blk = &row[sb * size..][..size];
+            let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+            let dmin = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+            let (sc, m) = scale_min_k4(sub, &blk[4..16]);
+            // as ggml: d1 = d·sc, m1 = dmin·m, w = d1·q - m1
+            scales[0] = f(d * sc as f32);
+            min = f(-(dmin * m as f32));
+            let (qs, pair, high) = if ty == 12 { (&blk[16..], sub / 2, sub % 2 == 1) } else { (&blk[48..], sub / 2, sub % 2 == 1) };
+            for l in 0..BLOCK {
+                let byte = qs[pair * 32 + l];
+                let mut v = if high { byte >> 4 } else { byte & 0x0F } as i32;
+                if ty == 13 {
+                    let qh = blk[16 + l];
+                    if qh & (1 << sub) != 0 {
+                        v += 16;
+                    }
+                }
+                q[l] = v as i8;
+            }
+        }
+        14 => {
+            let blk = &row[(b / 8) * 210..][..210];
+            let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+            let d = f16_to_f32(u16::from_le_bytes([blk[208], blk[209]]));
+            // element e of the super-block: half n (128 each), then l in 0..32 and quarter k in 0..4
+            let sub = b % 8;
+            let (n, k) = (sub / 4, sub % 4);
+            for l in 0..BLOCK {
+                let lo = ql[n * 64 + l + if k % 2 == 1 { 32 } else { 0 }];
+                let lo = if k >= 2 { lo >> 4 } else { lo & 0x0F };
+                let hi = (qh[n * 32 + l] >> (2 * k)) & 3;
+                q[l] = ((lo | hi << 4) as i32 - 32) as i8;
+            }
+            for (i, s) in scales.iter_mut().enumerate() {
+                *s = f(d * sc[n * 8 + 2 * k + i] as i8 as f32);
+            }
+        }
+        _ => return None,
+    }
+    Some(Decoded { q, scales, min })
+}
+
+/// ggml's get_scale_min_k4: the 6-bit scale and offset of sub-block `j` of a K-quant super-block.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+fn write_lane(p: Packing, rec: &mut [u8], lane: usize, dec: &Decoded) {
+    let sb = p.scale_bytes();
+    for s in 0..p.subs {
+        let at = (s * LANES + lane) * sb;
+        rec[at..at + sb].copy_from_slice(&dec.scales[s].to_le_bytes()[..sb]);
+    }
+    if p.min {
+        let at = p.mins_at() + lane * sb;
+        rec[at..at + sb].copy_from_slice(&dec.min.to_le_bytes()[..sb]);
+    }
+    let qs = &mut rec[p.quants_at()..];
+    if p.nibbles {
+        // chunk j (32 bytes), lane's 4 bytes: values 4j..4j+4 in the low nibbles, 16+4j.. in the high
+        for j in 0..4 {
+            for i in 0..4 {
+                let (lo, hi) = (dec.q[4 * j + i] as u8, dec.q[16 + 4 * j + i] as u8);
+                qs[j * 32 + lane * 4 + i] = lo | hi << 4;
+            }
+        }
+    } else {
+        // chunk g (32 bytes), lane's 4 bytes: values 4g..4g+4
+        for g in 0..8 {
+            for i in 0..4 {
+                qs[g * 32 + lane * 4 + i] = dec.q[4 * g + i] as u8;
+            }
+        }
+    }
+}
+
+fn read_scale(p: Packing, at: &[u8]) -> f32 {
+    if p.half {
+        f16_to_f32(u16::from_le_bytes([at[0], at[1]]))
+    } else {
+        f32::from_le_bytes([at[0], at[1], at[2], at[3]])
+    }
+}
+
+/// Value `i` (0..32) of `lane` in a record.
+fn read_quant(p: Packing, rec: &[u8], lane: usize, i: usize) -> i32 {
+    let qs = &rec[p.quants_at()..];
+    if p.nibbles {
+        let (j, k, high) = ((i % 16) / 4, i % 4, i >= 16);
+        let byte = qs[j * 32 + lane * 4 + k];
+        (if high { byte >> 4 } else { byte & 0x0F }) as i32
+    } else {
+        qs[(i / 4) * 32 + lane * 4 + i % 4] as i8 as i32
+    }
+}
+
+// ---------------------------------------------------------------- kernels
+
+/// The most activation rows one kernel call takes.
+const MAX_ROWS: usize = 8;
+
+/// One kernel call: a group's records, and up to MAX_ROWS activation rows
+/// with where their eight outputs go.
+struct Tile {
+    rec: *const u8,
+    record: usize,
+    blocks: usize,
+    q: [*const i8; MAX_ROWS],
+    /// the rows' q + 128 (VNNI only; null elsewhere)
+    u: [*const u8; MAX_ROWS],
+    d: [*const f32; MAX_ROWS],
+    s: [*const f32; MAX_ROWS],
+    out: [*mut f32; MAX_ROWS],
+}
+
+#[derive(Clone, Copy)]
+struct Kernel {
+    /// activation rows per call at most
+    rows: usize,
+    run: unsafe fn(&Tile, usize),
+}
+
+macro_rules! dispatch_rows {
+    ($f:ident, $max:literal, $($c:tt)*) => {{
+        unsafe fn run(t: &Tile, n: usize) {
+            match n {
+                1 => $f::<$($c)*, 1>(t),
+                2 => $f::<$($c)*, 2>(t),
+                3 => $f::<$($c)*, 3>(t),
+                4 => $f::<$($c)*, 4>(t),
+                5 if $max > 4 => $f::<$($c)*, 5>(t),
+                6 if $max > 4 => $f::<$($c)*, 6>(t),
+                7 if $max > 4 => $f::<$($c)*, 7>(t),
+                8 if $max > 4 => $f::<$($c)*, 8>(t),
+                _ => unreachable!("kernel rows"),
+            }
+        }
+        Kernel { rows: $max, run }
+    }};
+}
+
+macro_rules! for_packing {
+    ($p:expr, $f:ident, $max:literal) => {
+        match ($p.nibbles, $p.subs, $p.min, $p.half, $p.narrow) {
+            (true, 1, true, true, _) => dispatch_rows!($f, $max, true, 1, true, true, false),
+            (true, 1, true, false, _) => dispatch_rows!($f, $max, true, 1, true, false, false),
+            (false, 1, false, true, true) => dispatch_rows!($f, $max, false, 1, false, true, true),
+            (false, 1, true, true, true) => dispatch_rows!($f, $max, false, 1, true, true, true),
+            (false, 1, false, true, false) => dispatch_rows!($f, $max, false, 1, false, true, false),
+            (false, 1, true, false, true) => dispatch_rows!($f, $max, false, 1, true, false, true),
+            (false, 2, false, false, true) => dispatch_rows!($f, $max, false, 2, false, false, true),
+            other => unreachable!("no kernel for packing {other:?}"),
+        }
+    };
+}
+
+fn kernel_for(p: Packing, isa: Isa) -> Kernel {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Vnni => for_packing!(p, vnni_tile, 8),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => for_packing!(p, avx2_tile, 4),
+        _ => for_packing!(p, scalar_tile, 4),
+    }
+}
+
+/// The kernels' arithmetic, one lane at a time: the reference the SIMD kernels equal bit for bit.
+unsafe fn scalar_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+    t: &Tile,
+) {
+    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let mut acc = [[0f32; LANES]; R];
+    for b in 0..t.blocks {
+        let rec = std::slice::from_raw_parts(t.rec.add(b * t.record), t.record);
+        for r in 0..R {
+            let a = std::slice::from_raw_parts(t.q[r].add(b * BLOCK), BLOCK);
+            let (da, sa) = (*t.d[r].add(b), *t.s[r].add(b));
+            for lane in 0..LANES {
+                for s in 0..SUBS {
+                    let span = BLOCK / SUBS;
+                    let isum: i32 = (s * span..(s + 1) * span).map(|i| read_quant(p, rec, lane, i) * a[i] as i32).sum();
+                    let dw = read_scale(p, &rec[(s * LANES + lane) * p.scale_bytes()..]);
+                    acc[r][lane] = (dw * da).mul_add(isum as f32, acc[r][lane]);
+                }
+                if MIN {
+                    let m = read_scale(p, &rec[p.mins_at() + lane * p.scale_bytes()..]);
+                    acc[r][lane] = m.mul_add(sa, acc[r][lane]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        std::ptr::copy_nonoverlapping(acc[r].as_ptr(), t.out[r], LANES);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load_scales<const HALF: bool>(at: *const u8) -> __m256 {
+    if HALF {
+        _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+    } else {
+        _mm256_loadu_ps(at as *const f32)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn broadcast4(at: *const i8) -> __m256i {
+    _mm256_set1_epi32((at as *const i32).read_unaligned())
+}
+
+/// The float part of a block, the same in every kernel: for each sub-block,
+/// acc += (d_w · d_a) · isum, then acc += m_w · s_a.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scale_block<const SUBS: usize, const MIN: bool, const HALF: bool>(
+    rec: *const u8,
+    p: Packing,
+    isum: &[__m256i; 2],
+    da: f32,
+    sa: f32,
+    acc: __m256,
+) -> __m256 {
+    let mut acc = acc;
+    let da = _mm256_set1_ps(da);
+    for (s, sum) in isum.iter().enumerate().take(SUBS) {
+        let dw = load_scales::<HALF>(rec.add(s * LANES * p.scale_bytes()));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), acc);
+    }
+    if MIN {
+        let m = load_scales::<HALF>(rec.add(p.mins_at()));
+        acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc);
+    }
+    acc
+}
+
+/// Chunk `j` of a block's 4-bit values: its low nibbles (values 4j..4j+4 of
+/// each lane's row) and its high ones (values 16+4j..).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8, j: usize) -> (__m256i, __m256i) {
+    let low = _mm256_set1_epi8(0x0F);
+    let raw = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+    (_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+    t: &Tile,
+) {
+    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let qat = p.quants_at();
+    let ones = _mm256_set1_epi16(1);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..t.blocks {
+        let rec = t.rec.add(b * t.record);
+        let qs = rec.add(qat);
+        let mut isum = [[zero; 2]; R];
+        if NIB {
+            // 16-bit sums of 16 products each: |15 · 127| · 16 < 2^15
+            let mut p16 = [zero; R];
+            for j in 0..4 {
+                let (lo, hi) = nibbles(qs, j);
+                for r in 0..R {
+                    let a = t.q[r].add(b * BLOCK);
+                    let x = _mm256_maddubs_epi16(lo, broadcast4(a.add(4 * j)));
+                    let y = _mm256_maddubs_epi16(hi, broadcast4(a.add(16 + 4 * j)));
+                    p16[r] = _mm256_add_epi16(p16[r], _mm256_add_epi16(x, y));
+                }
+            }
+            for r in 0..R {
+                isum[r][0] = _mm256_madd_epi16(p16[r], ones);
+            }
+        } else {
+            let mut p16 = [zero; R];
+            for g in 0..8 {
+                let w = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
+                let wa = _mm256_abs_epi8(w);
+                let s = if SUBS == 2 { g / 4 } else { 0 };
+                for r in 0..R {
+                    let a = broadcast4(t.q[r].add(b * BLOCK + 4 * g));
+                    let prod = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w));
+                    if NARROW {
+                        // four groups of values within ±32: 4 · 2 · 32 · 127 < 2^15
+                        p16[r] = _mm256_add_epi16(p16[r], prod);
+                    } else {
+                        isum[r][s] = _mm256_add_epi32(isum[r][s], _mm256_madd_epi16(prod, ones));
+                    }
+                }
+                if NARROW && g % 4 == 3 {
+                    for r in 0..R {
+                        isum[r][s] = _mm256_add_epi32(isum[r][s], _mm256_madd_epi16(p16[r], ones));
+                        p16[r] = zero;
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            acc[r] = scale_block::<SUBS, MIN, HALF>(rec, p, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+        }
+    }
+    for r in 0..R {
+        _mm256_storeu_ps(t.out[r], acc[r]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+    t: &Tile,
+) {
+    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let qat = p.quants_at();
+    let ones8 = _mm256_set1_epi8(1);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..t.blocks {
+        let rec = t.rec.add(b * t.record);
+        let qs = rec.add(qat);
+        let mut isum = [[zero; 2]; R];
+        if NIB {
+            for j in 0..4 {
+                let (lo, hi) = nibbles(qs, j);
+                for r in 0..R {
+                    let a = t.q[r].add(b * BLOCK);
+                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], lo, broadcast4(a.add(4 * j)));
+                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], hi, broadcast4(a.add(16 + 4 * j)));
+                }
+            }
+        } else {
+            // (a + 128) · w summed, less 128 · Σw: the activations as the unsigned operand
+            let mut wsum = [zero; 2];
+            for g in 0..8 {
+                let w = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
+                let s = if SUBS == 2 { g / 4 } else { 0 };
+                wsum[s] = _mm256_dpbusd_epi32(wsum[s], ones8, w);
+                for r in 0..R {
+                    let a = broadcast4(t.u[r].add(b * BLOCK + 4 * g) as *const i8);
+                    isum[r][s] = _mm256_dpbusd_epi32(isum[r][s], a, w);
+                }
+            }
+            for r in 0..R {
+                for s in 0..SUBS {
+                    isum[r][s] = _mm256_sub_epi32(isum[r][s], _mm256_slli_epi32(wsum[s], 7));
+                }
+            }
+        }
+        for r in 0..R {
+            acc[r] = scale_block::<SUBS, MIN, HALF>(rec, p, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+        }
+    }
+    for r in 0..R {
+        _mm256_storeu_ps(t.out[r], acc[r]);
+    }
+}
+
+// ---------------------------------------------------------------- halves
+
+/// IEEE half → f32 (every value exact).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let (exp, mant) = (((h >> 10) & 0x1f) as u32, (h & 0x3ff) as u32);
+    let bits = match (exp, mant) {
+        (0, 0) => sign,
+        (0, _) => {
+            let shift = mant.leading_zeros() - 21; // subnormal: normalise the mantissa
+            sign | ((113 - shift) << 23) | ((mant << shift) & 0x3ff) << 13
+        }
+        (31, _) => sign | 0x7f80_0000 | (mant << 13),
+        _ => sign | ((exp + 112) << 23) | (mant << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The half that is exactly `x`, if there is one.
+fn f32_to_f16_exact(x: f32) -> Option<u16> {
+    if x == 0.0 {
+        return Some(if x.is_sign_negative() { 0x8000 } else { 0 });
+    }
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32 - 127;
+    if !(-24..=15).contains(&exp) {
+        return None;
+    }
+    let h = if exp >= -14 {
+        sign | (((exp + 15) as u16) << 10) | ((bits >> 13) & 0x3ff) as u16
+    } else {
+        let mant = (bits & 0x7f_ffff) | 0x80_0000; // subnormal half: value = mant · 2^-24
+        sign | (mant >> (13 + (-14 - exp))) as u16
+    };
+    (f16_to_f32(h) == x).then_some(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::cpu::quant::{self, QuantMatrix, FORMATS};
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                // a spread of magnitudes, so blocks get different scales
+                let u = ((x >> 33) as f64 / (1u64 << 31) as f64) as f32 - 0.5;
+                u * if (x >> 20) % 7 == 0 { 4.0 } else { 0.3 }
+            })
+            .collect()
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut out = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                out.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f") {
+                out.push(Isa::Vnni);
+            }
+        }
+        out
+    }
+
+    /// Every format with a packing: the packed values are ggml's dequantized
+    /// values bit for bit, every ISA's kernel gives the scalar reference's
+    /// bits, a row gives the same bits alone as in any batch (rows at every
+    /// tile position, a partial last group), and the products are the dense
+    /// ones up to the activations' 8-bit rounding (and closer when precise).
+    #[test]
+    fn packed_formats_are_ggmls_values_and_every_kernel_agrees() {
+        if !quant::available() {
+            return;
+        }
+        let (rows, cols) = (21, 512);
+        for &(ty, name, _) in FORMATS.iter().filter(|f| PackedMatrix::packs(f.0)) {
+            let dense = values(rows * cols, ty as u64);
+            let bytes = quant::quantize_rows(ty, rows, cols, &dense).unwrap();
+            let ggml = QuantMatrix::quantize_unpacked(ty, rows, cols, bytes.clone());
+            let m = QuantMatrix::new(ty, rows, cols, bytes).unwrap();
+            let packed = m.packed().expect(name);
+            let (mut want, mut got) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+            ggml.dequantize(&mut want);
+            m.dequantize(&mut got);
+            // the same numbers (a zero may differ in sign: 8·d - 8·d is +0 where ggml has 0·d)
+            if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) { panic!("{name}: value {i} (row {}, col {}) is {} packed, {} in ggml", i / cols, i % cols, got[i], want[i]); }
+            for precise in [false, true] {
+                let batch = 11;
+                let x = values(batch * cols, 99 + ty as u64);
+                let mut act = Activations::new();
+                act.quantize(&x, cols, precise);
+                let mut reference = vec![0f32; batch * rows];
+                packed.matmul_with(kernel_for(packed.packing, Isa::Scalar), &act, &mut reference);
+                for isa in isas() {
+                    let kernel = kernel_for(packed.packing, isa);
+                    let mut out = vec![0f32; batch * rows];
+                    packed.matmul_with(kernel, &act, &mut out);
+                    assert!(out.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} {isa:?} precise={precise}");
+                    for b in [0, 3, 10] {
+                        let mut one = Activations::new();
+                        one.quantize(&x[b * cols..][..cols], cols, precise);
+                        let mut alone = vec![0f32; rows];
+                        packed.matmul_with(kernel, &one, &mut alone);
+                        assert_eq!(alone, out[b * rows..][..rows], "{name} {isa:?}: row {b} alone");
+                    }
+                }
+                for b in 0..batch {
+                    for r in 0..rows {
+                        let w = &want[r * cols..][..cols];
+                        let xs = &x[b * cols..][..cols];
+                        let exact: f64 = w.iter().zip(xs).map(|(a, c)| *a as f64 * *c as f64).sum();
+                        let scale: f64 = w.iter().zip(xs).map(|(a, c)| (*a as f64 * *c as f64).abs()).sum();
+                        let err = (reference[b * rows + r] as f64 - exact).abs() / scale;
+                        assert!(err < if precise { 1e-4 } else { 1e-2 }, "{name} precise={precise}: relative error {err}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn halves_convert_exactly_both_ways() {
+        for h in 0..=u16::MAX {
+            let x = f16_to_f32(h);
+            if x.is_finite() {
+                assert_eq!(f32_to_f16_exact(x).map(f16_to_f32), Some(x), "{h:#x}");
+            }
+        }
+        assert_eq!(f32_to_f16_exact(1.0 + 1e-6), None);
+        assert_eq!(f32_to_f16_exact(1e6), None);
+    }
+}

@@ -1,0 +1,166 @@
+//! The grammar masks of one step, computed on a background thread (rows in
+//! parallel with rayon) while the model's forward pass runs (DESIGN rule 10).
+//!
+//! The job owns the matchers of the rows it computes and hands them back on
+//! join, so no lock is taken per row. A sequence carrying a draft
+//! (speculative.rs) has a row after each draft token too: its matcher
+//! consumes the draft on the way and is rolled back after.
+
+use std::borrow::Cow;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::grammar::matchers::GrammarMatcher;
+use crate::engine::sequence::SeqId;
+
+/// One sampling row's grammar: its sequence and matcher, then the error of
+/// its mask (if it allows nothing).
+pub type MaskRow = Option<(SeqId, GrammarMatcher, Option<String>)>;
+
+/// One sequence's rows: its grammar (the first row's), the draft tokens fed
+/// after its last token, and which of the `draft.len() + 1` rows need a mask.
+pub struct MaskSpan {
+    pub row: MaskRow,
+    pub draft: Vec<u32>,
+    pub needed: Vec<bool>,
+}
+
+impl MaskSpan {
+    /// A sequence without a draft: one row.
+    pub fn single(row: MaskRow) -> Self {
+        MaskSpan { row, draft: Vec::new(), needed: vec![true] }
+    }
+
+    fn rows(&self) -> usize {
+        self.draft.len() + 1
+    }
+}
+
+/// The masks of one step: `rows × words` int32 words, row i at `i * words`
+/// (rows without a grammar are left zero and unused).
+pub struct MaskBatch {
+    pub words: usize,
+    pub buf: Vec<i32>,
+    /// Which rows have a mask.
+    pub has_mask: Vec<bool>,
+    /// Per span, its grammar (to hand back) and first row's error.
+    pub rows: Vec<MaskRow>,
+    /// Wall time the job took, from start to finish.
+    pub elapsed_us: u64,
+    /// Of the work on all threads, the time and count of the masks after
+    /// draft tokens.
+    pub draft_us: u64,
+    pub draft_rows: usize,
+}
+
+impl std::fmt::Debug for MaskBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MaskBatch").field("words", &self.words).field("rows", &self.rows.len()).finish()
+    }
+}
+
+impl MaskBatch {
+    pub fn row(&self, i: usize) -> Option<&[i32]> {
+        self.has_mask[i].then(|| &self.buf[i * self.words..(i + 1) * self.words])
+    }
+}
+
+/// Compute every constrained row's mask (spans in parallel).
+pub fn compute(spans: Vec<MaskSpan>) -> MaskBatch {
+    let t0 = Instant::now();
+    let words = spans.iter().filter_map(|s| s.row.as_ref()).map(|(_, m, _)| m.words()).max().unwrap_or(0);
+    let total: usize = spans.iter().map(MaskSpan::rows).sum();
+    let mut buf = vec![0i32; total * words];
+    let mut has_mask = vec![false; total];
+    // Each span's share of the buffer and of has_mask.
+    let mut parts = Vec::with_capacity(spans.len());
+    let (mut rest, mut flags) = (&mut buf[..], &mut has_mask[..]);
+    for s in &spans {
+        let (a, b) = std::mem::take(&mut rest).split_at_mut(s.rows() * words);
+        let (f, g) = std::mem::take(&mut flags).split_at_mut(s.rows());
+        parts.push((a, f));
+        (rest, flags) = (b, g);
+    }
+    let mut spans = spans;
+    let drafts: Vec<(u64, usize)> = spans
+        .par_iter_mut()
+        .zip(parts.into_par_iter())
+        .map(|(span, (out, flags))| fill_span(span, out, flags, words))
+        .collect();
+    let rows = spans.into_iter().map(|s| s.row).collect();
+    let (draft_us, draft_rows) = drafts.iter().fold((0, 0), |(t, n), &(a, b)| (t + a, n + b));
+    MaskBatch { words, buf, has_mask, rows, elapsed_us: t0.elapsed().as_micros() as u64, draft_us, draft_rows }
+}
+
+/// One span's masks: the first row's, then, consuming the draft token by
+/// token, each needed row's after it (a row the grammar cannot reach, after
+/// a draft token it refuses, gets none); the matcher is rolled back after.
+/// Returns the time and count of the draft rows' masks.
+fn fill_span(span: &mut MaskSpan, out: &mut [i32], flags: &mut [bool], words: usize) -> (u64, usize) {
+    let Some((_, m, err)) = &mut span.row else { return (0, 0) };
+    let n = m.words();
+    *err = m.fill_mask(&mut out[..n]).err();
+    flags[0] = true;
+    if span.draft.is_empty() || err.is_some() {
+        return (0, 0);
+    }
+    let t0 = Instant::now();
+    let (mut consumed, mut count) = (0, 0);
+    for (r, &t) in span.draft.iter().enumerate() {
+        if m.try_consume(&[t]) != Ok(1) {
+            break;
+        }
+        consumed += 1;
+        let row = r + 1;
+        // A grammar that is done allows only the end tokens: no draft row needs it.
+        if !span.needed[row] || m.is_stopped() {
+            continue;
+        }
+        let at = row * words;
+        if m.fill_draft_mask(&mut out[at..at + n]) {
+            flags[row] = true;
+            count += 1;
+        }
+    }
+    let _ = m.rollback(consumed);
+    (t0.elapsed().as_micros() as u64, count)
+}
+
+/// A mask computation in flight.
+pub struct MaskJob {
+    handle: JoinHandle<MaskBatch>,
+}
+
+impl std::fmt::Debug for MaskJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MaskJob")
+    }
+}
+
+impl MaskJob {
+    pub fn spawn(spans: Vec<MaskSpan>) -> Self {
+        MaskJob { handle: std::thread::spawn(move || compute(spans)) }
+    }
+
+    /// The finished batch; None if the job died (its matchers are lost and
+    /// those sequences end with an error).
+    pub fn join(self) -> Option<MaskBatch> {
+        self.handle.join().ok()
+    }
+}
+
+/// Each sampling row's mask: the grammar's, the caller's (`rows × words`
+/// int32 words), or both ANDed (words past the shorter one are disallowed).
+pub fn row_masks<'a>(batch: Option<&'a MaskBatch>, external: Option<(&'a [i32], usize)>, rows: usize) -> Vec<Cow<'a, [i32]>> {
+    let ext = |i: usize| external.map(|(w, n)| &w[i * n..(i + 1) * n]);
+    (0..rows)
+        .map(|i| match (batch.and_then(|b| b.row(i)), ext(i)) {
+            (Some(g), None) => Cow::Borrowed(g),
+            (None, Some(e)) => Cow::Borrowed(e),
+            (Some(g), Some(e)) => Cow::Owned(g.iter().zip(e).map(|(a, b)| a & b).collect()),
+            (None, None) => Cow::Borrowed(&[][..]),
+        })
+        .collect()
+}
