@@ -317,7 +317,7 @@ def test_messages_tool_loop_hits_the_cache(claude, oai):
         assert cached >= 0.95 * previous
 
 
-def test_messages_thinking_within_its_budget(thinker, tok):
+def test_messages_thinking_within_its_budget(thinker):
     _, claude_client, model = thinker
     args = dict(model=model, max_tokens=160, thinking={"type": "enabled", "budget_tokens": 24},
                 messages=[{"role": "user", "content": "What is 2 + 2?"}], extra_body=GREEDY)
@@ -327,12 +327,15 @@ def test_messages_thinking_within_its_budget(thinker, tok):
     assert kinds[0] == "thinking" and set(kinds[1:]) <= {"text"}, whole.content
     assert whole.stop_reason == "end_turn"
     thought = whole.content[0].thinking
-    assert thought and len(tok[0].encode(thought, add_special_tokens=False).ids) <= 24
+    # the engine's count of the tokens it generated in the block, within the budget
+    assert thought and 0 < whole.usage.output_tokens_details.thinking_tokens <= 24, whole.usage
     with claude_client.messages.stream(**args) as stream:
         final = stream.get_final_message()
     assert _blocks(final) == _blocks(whole)
+    assert final.usage.output_tokens_details == whole.usage.output_tokens_details
     off = claude_client.messages.create(**{**args, "thinking": {"type": "disabled"}})
     assert all(b.type == "text" for b in off.content)   # no thinking block
+    assert off.usage.output_tokens_details.thinking_tokens == 0
     # the answer sent back with its thinking block (as Anthropic's clients do) is taken
     again = claude_client.messages.create(**{**args, "max_tokens": 8, "thinking": {"type": "disabled"},
                                              "messages": [*args["messages"],

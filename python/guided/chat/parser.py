@@ -89,6 +89,9 @@ class ChatParser:
         self._block_ends = frozenset(resolve(p, special)[0] for p in specials(self.tools.format)) \
             & special.end_ids if self.tools is not None else frozenset()
         self._reasoning_detok = IncrementalDetokenizer(tokenizer)
+        # the reasoning's tokens as the engine's budget counts them: the text the
+        # model wrote in the block, less the template's opening where it opened the block
+        self._reasoning_count, self._opening = 0, ""
         self._content_detok = IncrementalDetokenizer(tokenizer)
         self.region: list[int] = []                  # tokens of the calls block
         self.region_prefix = ""                      # its text before them (text triggers)
@@ -130,6 +133,7 @@ class ChatParser:
                 self._region_push(u)
         elif marker == "start":
             self.mode = "reasoning"
+            self._opening = self.layout[0] if self.layout is not None else ""
         elif marker == "end":
             self.mode, self.after_reasoning = "content", True
         elif marker == "answer":
@@ -210,8 +214,11 @@ class ChatParser:
 
     @property
     def reasoning_tokens(self) -> int:
-        """The tokens of the reasoning block's text so far (usage's reasoning_tokens)."""
-        return len(self._reasoning_detok.ids)
+        """The tokens the model wrote as the reasoning block's text so far, as
+        the reasoning budget counts them (usage's reasoning_tokens): its
+        markers and, where the model opened the block, the template's opening
+        whitespace are not the reasoning's."""
+        return self._reasoning_count
 
     def _record(self, deltas: list[ChatDelta]) -> list[ChatDelta]:
         for d in deltas:
@@ -235,6 +242,8 @@ class ChatParser:
         elif self.mode == "reasoning":
             if t not in s.control_ids:
                 self._reasoning_detok.push(t)
+                if not (self._opening and self._opening.startswith(self._reasoning_detok.text)):
+                    self._reasoning_count += 1
                 self._split_text_end()
         elif self.tools is not None and self._is_trigger(t):
             self.mode = "calls"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import AsyncIterator
+from typing import AsyncIterator, NamedTuple
 
 from ..chat import ChatOptions
 from ..chat.parser import ChatDelta, ChatParser, ChatResponse
@@ -23,6 +23,17 @@ from .logprobs import chat_entries, ranked
 from .protocol import ChatCompletionRequest
 from .runs import Job, Run
 from .state import ServerState, respond, usage
+
+
+class Usage(NamedTuple):
+    """A chat request's token counts; ``reasoning``: the generated tokens
+    the parsers routed into reasoning blocks (the engine's own tokens, no
+    re-encoding of the text), part of ``completion``."""
+
+    prompt: int
+    completion: int
+    cached: int
+    reasoning: int
 
 
 @dataclass
@@ -50,10 +61,12 @@ class ChatRun:
         self.parsers[i].push(out.token_ids)
         return self.parsers[i].result(out)
 
-    def usage(self, outs: list[RequestOutput]) -> tuple[int, int, int]:
-        """(prompt, completion, cached) tokens of the request."""
-        return (len(self.prompt_ids), sum(len(o.token_ids) for o in outs),
-                outs[0].num_cached_tokens if outs else 0)
+    def usage(self, outs: list[RequestOutput]) -> Usage:
+        """The token counts of the request's choices ``outs`` (those the
+        parsers have read whole)."""
+        return Usage(len(self.prompt_ids), sum(len(o.token_ids) for o in outs),
+                     outs[0].num_cached_tokens if outs else 0,
+                     sum(p.reasoning_tokens for p in self.parsers[:len(outs)]))
 
 
 async def plan_chat(s: ServerState, messages: list[dict], options: ChatOptions,

@@ -273,9 +273,12 @@ def _stop(out: RequestOutput, chat: ChatRun) -> tuple[str, str | None]:
 
 
 def _usage(chat: ChatRun, out: RequestOutput | None) -> dict:
-    prompt, completion, cached = chat.usage([out] if out is not None else [])
-    return {"input_tokens": prompt - cached, "output_tokens": completion,
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    """Anthropic's usage: the thinking blocks' tokens in
+    output_tokens_details.thinking_tokens, part of output_tokens."""
+    u = chat.usage([out] if out is not None else [])
+    return {"input_tokens": u.prompt - u.cached, "output_tokens": u.completion,
+            "output_tokens_details": {"thinking_tokens": u.reasoning},
+            "cache_read_input_tokens": u.cached, "cache_creation_input_tokens": 0}
 
 
 async def create_message(s: ServerState, body: MessagesRequest, disconnected=None):

@@ -388,12 +388,12 @@ async def create_response(s: ServerState, store: ResponseStore, body: ResponsesR
              "usage": None}
         if out is None:
             return r
-        prompt, completion, cached = chat.usage([out])
-        r["usage"] = {"input_tokens": prompt,
-                      "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-                      "output_tokens": completion,
-                      "output_tokens_details": {"reasoning_tokens": chat.parsers[0].reasoning_tokens},
-                      "total_tokens": prompt + completion}
+        u = chat.usage([out])
+        r["usage"] = {"input_tokens": u.prompt,
+                      "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
+                      "output_tokens": u.completion,
+                      "output_tokens_details": {"reasoning_tokens": u.reasoning},
+                      "total_tokens": u.prompt + u.completion}
         r["completed_at"] = time.time()
         r["closed"] = out.outputs[0].closed
         if out.finish_reason == "error":
