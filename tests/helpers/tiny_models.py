@@ -138,7 +138,8 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "granitemoehybrid_mamba": lambda: transformers.GraniteMoeHybridConfig(**_tiny(head_dim=None,
         tie_word_embeddings=True, layer_types=["linear_attention", "linear_attention", "full_attention",
                                                "linear_attention"], num_hidden_layers=4,
-        num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128, position_embedding_type="nope",
+        # the shared MLP narrower than intermediate_size (the experts' width), as in real 4.0-H configs
+        num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=96, position_embedding_type="nope",
         mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
         embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
     # Qwen3.5: Gated DeltaNet layers (2 key heads of 16 shared by 4 value heads of 16, 4 taps) around a

@@ -105,7 +105,10 @@ def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
            "residual_multiplier": float(cfg.get("residual_multiplier", 1.0)),
            "logit_multiplier": 1.0 / float(cfg.get("logits_scaling", 1.0)),
-           "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None}
+           "rope_layers": (None,) * cfg["num_hidden_layers"] if nope else None,
+           # GraniteMoeHybrid's MLP is its shared_mlp, as wide as shared_intermediate_size
+           # (intermediate_size is the experts' width, and may differ)
+           "intermediate_size": cfg.get("shared_intermediate_size")}
     return {**out, **_granite_mamba(cfg, base, out["rope_layers"] or base.get("rope_layers"))}
 
 
@@ -140,6 +143,9 @@ def _granite_hybrid_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: a KV head count per layer, 0 for the Mamba-2 layers; rope.scaling.finetuned false:
     # no layer rotates (4.0-H's NoPE); the biases are the loader's to find
     out = _granite_gguf(get, base)
+    # the shared MLP's width (llama.cpp's converter writes intermediate_size as feed_forward_length)
+    if shared := get("expert_shared_feed_forward_length", 0):
+        out["intermediate_size"] = int(shared)
     kv = get("attention.head_count_kv")
     if not isinstance(kv, (list, tuple)) or 0 not in kv:
         return out
