@@ -10,14 +10,16 @@ fine); a plan left without its ``update()`` is dropped at the next
 the prefix cache only once a later call confirms the pass ran.
 """
 
-from typing import Any, Callable, Self, final
+from typing import Callable, Self, Sequence, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
+from guided.model.layer_kinds import Activation, NormKind, NormPlacement, QkNorm, Scoring
 from guided.sampling_params import SamplingParams
 
-__all__ = ["CpuDecoder", "DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
+__all__ = ["CpuDecoder", "DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "NativeAttention", "NativeLayer", "NativeLinear",
+           "NativeMlp", "NativeMoe", "NativeShortConv", "NativeSpec", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
            "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
            "cuda_paged_decode", "cuda_status", "cuda_write_kv", "ggml_quantize", "packed_kernels", "quant_formats", "quant_kernels",
            "reference_adjust_logits", "reference_masked_sample", "reference_paged_decode"]
@@ -29,6 +31,7 @@ _TensorArg = tuple[int, list[int], str, str, bool]
 #: host values the adjust reference takes as int32 / float32 entries
 _Ints = npt.NDArray[np.int32] | list[int]
 _Floats = npt.NDArray[np.float32] | list[float]
+_F32: TypeAlias = npt.NDArray[np.float32]
 
 @final
 class DeviceRows:
@@ -392,21 +395,69 @@ def ggml_quantize(ggml_type: int, dense: npt.NDArray[np.float32]) -> npt.NDArray
     """A float32 [rows, cols] matrix as ggml rows of ``ggml_type`` (a GGUF tensor's bytes),
     by ggml's reference quantizer."""
 
+
+@final
+class NativeSpec:
+    """The model's shape and its architecture's choices, as the native step reads them
+    (keyword arguments only: a mistyped or missing one is a TypeError naming it; an unknown
+    feature value a ValueError naming the field and the values it takes)."""
+    def __new__(cls, *, hidden: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, eps: float,
+                norms: NormPlacement, norm_kind: NormKind, qk_norm: QkNorm | None, qk_norm_after_rope: bool,
+                activation: Activation, swiglu_alpha: float, swiglu_limit: float, residual_multiplier: float,
+                embedding_multiplier: float, logit_multiplier: float, final_softcap: float | None) -> Self: ...
+
+@final
+class NativeLinear:
+    """A linear layer: its parts stacked by rows (QuantMatrix or float32 [rows, cols]) and a bias;
+    ``precise``: a second pass over the activations' rounding error (the output head)."""
+    def __new__(cls, *, parts: Sequence[QuantMatrix | _F32], bias: _F32 | None = None,
+                precise: bool = False) -> Self: ...
+
+@final
+class NativeMlp:
+    """A gated MLP or one expert: gate|up stacked, then down."""
+    def __new__(cls, *, gate_up: NativeLinear, down: NativeLinear) -> Self: ...
+
+@final
+class NativeMoe:
+    """A mixture of experts: the router, its routing (MoEConfig's fields), the experts."""
+    def __new__(cls, *, router: NativeLinear, scoring: Scoring, top_k: int, norm_topk_prob: bool,
+                routed_scaling: float, groups: int, topk_groups: int, experts: Sequence[NativeMlp],
+                shared: NativeMlp | None = None, selection_bias: _F32 | None = None) -> Self: ...
+
+@final
+class NativeAttention:
+    """Attention as a layer's mixer; ``rope``: the index of the rotary table it uses (None: no
+    rotation); ``sinks``: a logit per head joining its softmax."""
+    def __new__(cls, *, qkv: NativeLinear, o: NativeLinear, scale: float, window: int | None = None,
+                softcap: float | None = None, sinks: _F32 | None = None, rope: int | None = None,
+                q_norm: _F32 | None = None, k_norm: _F32 | None = None) -> Self: ...
+
+@final
+class NativeShortConv:
+    """LFM2's gated short convolution as a layer's mixer; ``weight``: [hidden × kernel] taps, row-major."""
+    def __new__(cls, *, in_proj: NativeLinear, out_proj: NativeLinear, weight: _F32,
+                bias: _F32 | None = None) -> Self: ...
+
+@final
+class NativeLayer:
+    """One layer: its mixer, its MLP, its norms."""
+    def __new__(cls, *, mixer: NativeAttention | NativeShortConv, mlp: NativeMlp | NativeMoe,
+                attn_norm: _F32 | None = None, mlp_norm: _F32 | None = None,
+                attn_post_norm: _F32 | None = None, mlp_post_norm: _F32 | None = None) -> Self: ...
+
 @final
 class CpuDecoder:
     """A model's CPU step in native code (rust/cpu/native_step.rs; built by
     guided.model.native from a loaded model): every layer of every row of a
     step in one call, the GIL released."""
 
-    def __new__(cls, spec_: dict[str, Any], embedding: npt.NDArray[np.float32] | QuantMatrix,
-                layers: list[dict[str, Any]], norm: npt.NDArray[np.float32], lm_head: dict[str, Any],
-                caches: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]) -> Self:
-        """``spec_``: the model's shape and its architecture's choices; ``embedding``: the
-        token table (read in place) or a QuantMatrix whose rows are dequantized on lookup;
-        ``layers``: one dict per layer (norms, "qkv", "o", "mlp", scale, window, softcap,
-        sinks, rope); a linear is {"parts": [QuantMatrix | float32 array], "bias"};
-        ``caches``: per layer (K, V), float32 [blocks, block_size, kv_heads, head_dim],
-        written in place. ValueError names the field that does not fit."""
+    def __new__(cls, spec: NativeSpec, embedding: _F32 | QuantMatrix, layers: Sequence[NativeLayer],
+                norm: _F32, lm_head: NativeLinear,
+                caches: list[tuple[_F32, _F32]]) -> Self:
+        """``embedding``: the token table (read in place) or a QuantMatrix whose rows are
+        dequantized on lookup; ``caches``: per layer (K, V), float32 [blocks, block_size,
+        kv_heads, head_dim], written in place. ValueError names what does not fit."""
     def forward(self, plan: StepPlan, rope: list[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
         """The step's logits [rows that sample, vocab], its K/V written into the caches.
         ``rope``: each rotary table [positions, rotary_dim] (cos, then sin)."""
@@ -485,7 +536,7 @@ def reference_masked_sample(logits: npt.NDArray[np.float32], mask: npt.NDArray[n
     """The sampling kernel's algorithm on the CPU: (tokens, logprobs)."""
 
 def reference_adjust_logits(logits: npt.NDArray[np.float32], rows: _Ints, tokens: _Ints, seen: _Ints,
-                            counts: _Ints, bias: _Floats, repetition: _Floats, frequency: _Floats,
-                            presence: _Floats) -> None:
+                            counts: _Ints, bias: _F32, repetition: _F32, frequency: _F32,
+                            presence: _F32) -> None:
     """The adjust kernel's algorithm on the CPU, in place on ``logits``
     [rows, vocab]; ValueError for an entry outside them."""

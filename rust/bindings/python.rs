@@ -338,6 +338,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crate::bindings::python_quant::ggml_quantize, m)?)?;
     m.add_function(wrap_pyfunction!(crate::bindings::python_quant::packed_kernels, m)?)?;
     m.add_class::<crate::bindings::python_native_step::PyCpuDecoder>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeSpec>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeLinear>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeMlp>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeMoe>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeAttention>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeShortConv>()?;
+    m.add_class::<crate::bindings::python_native_step::PyNativeLayer>()?;
     m.add_function(wrap_pyfunction!(crate::bindings::python_cpu_attention::cpu_paged_attention, m)?)?;
     crate::bindings::python_cuda::register(m)?;
     Ok(())

@@ -1,11 +1,16 @@
-//! PyO3 bindings for the CPU step (`cpu/native_step.rs`). Translation only: the
-//! model comes in as plain dicts of arrays and matrices (built by
-//! `python/guided/model/native.py` from the loaded model), with errors that
-//! name the field that was wrong.
+//! PyO3 bindings for the CPU step (`cpu/native_step.rs`). Translation only:
+//! the model comes in as typed records (`NativeSpec`, `NativeLinear`,
+//! `NativeMlp`, `NativeMoe`, `NativeAttention`, `NativeShortConv`,
+//! `NativeLayer`; built by `python/guided/model/native.py` from the loaded
+//! model), each checked where it is built: keyword arguments only, so a
+//! mistyped or missing key is Python's TypeError naming it, an unknown
+//! feature string a ValueError naming the field and the values it takes, a
+//! wrong array the argument's name. A record holds the core struct it
+//! stands for; its weights are shared (Arc), not copied, into the decoder.
 
 use std::sync::Arc;
 
-use numpy::{IntoPyArray, PyArray2, PyArray4, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray2, PyArray4, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -21,50 +26,27 @@ fn err(what: &str, e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{what}: {e}"))
 }
 
-fn item<'py>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
-    Ok(d.get_item(key)?.filter(|v| !v.is_none()))
-}
-
-fn required<'py, T: for<'a> FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
-    let v = item(d, key)?.ok_or_else(|| PyValueError::new_err(format!("{key} is missing")))?;
-    v.extract::<T>().map_err(|_| PyTypeError::new_err(format!("{key} has the wrong type")))
-}
-
-fn optional<'py, T: for<'a> FromPyObject<'a, 'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-    match item(d, key)? {
-        Some(v) => v.extract::<T>().map(Some).map_err(|_| PyTypeError::new_err(format!("{key} has the wrong type"))),
-        None => Ok(None),
-    }
-}
-
-/// `key`'s value among `choices` (its name, and what it means), or an error naming the ones there are.
-fn choice<T: Copy>(d: &Bound<'_, PyDict>, key: &str, choices: &[(&str, T)]) -> PyResult<Option<T>> {
-    let Some(name) = optional::<String>(d, key)? else { return Ok(None) };
-    match choices.iter().find(|(n, _)| *n == name) {
-        Some(&(_, v)) => Ok(Some(v)),
+/// `value` of `field` among `choices` (its name, and what it means), or an error naming the ones there are.
+fn pick<T: Copy>(field: &str, value: &str, choices: &[(&str, T)]) -> PyResult<T> {
+    match choices.iter().find(|(n, _)| *n == value) {
+        Some(&(_, v)) => Ok(v),
         None => {
             let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
-            Err(err(key, format!("unknown {name:?} (one of {})", names.join(", "))))
+            Err(err(field, format!("unknown '{value}' (one of {})", names.join(", "))))
         }
     }
 }
 
-fn required_choice<T: Copy>(d: &Bound<'_, PyDict>, key: &str, choices: &[(&str, T)]) -> PyResult<T> {
-    choice(d, key, choices)?.ok_or_else(|| PyValueError::new_err(format!("{key} is missing")))
+const NORMS: &[(&str, Norms)] = &[("pre", Norms::Pre), ("post", Norms::Post), ("sandwich", Norms::Sandwich), ("parallel", Norms::Parallel)];
+const NORM_KINDS: &[(&str, NormKind)] = &[("rms", NormKind::Rms), ("layer", NormKind::Layer)];
+const QK_NORMS: &[(&str, QkNorm)] = &[("head", QkNorm::Head), ("full", QkNorm::Full)];
+const SCORINGS: &[(&str, Scoring)] = &[("softmax", Scoring::Softmax), ("softmax_topk", Scoring::SoftmaxTopK), ("sigmoid", Scoring::Sigmoid)];
+
+fn floats(a: Option<PyReadonlyArray1<'_, f32>>, what: &str) -> PyResult<Option<Vec<f32>>> {
+    a.map(|a| a.to_vec().map_err(|e| err(what, e))).transpose()
 }
 
-/// A float32 vector (norm weights, biases, sinks), copied.
-fn floats(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<Vec<f32>>> {
-    match item(d, key)? {
-        None => Ok(None),
-        Some(v) => {
-            let a = v.cast::<numpy::PyArray1<f32>>().map_err(|_| PyTypeError::new_err(format!("{key} must be a 1-D float32 array")))?;
-            Ok(Some(a.to_vec().map_err(|e| err(key, e))?))
-        }
-    }
-}
-
-/// One stacked part: a QuantMatrix (shared) or a 2-D float32 array (repacked).
+/// One stacked part: a QuantMatrix (shared) or a 2-D float32 array (repacked once, then shared).
 fn weight(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Weight> {
     if let Ok(m) = obj.cast::<PyQuantMatrix>() {
         return Ok(Weight::Quant(m.get().inner.clone()));
@@ -73,103 +55,198 @@ fn weight(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Weight> {
     let ro = a.readonly();
     let (rows, cols) = (ro.shape()[0], ro.shape()[1]);
     let values = ro.as_slice().map_err(|_| err(what, "not C-contiguous"))?;
-    DenseMatrix::new(rows, cols, values).map(Weight::Dense).map_err(|e| err(what, e))
+    DenseMatrix::new(rows, cols, values).map(|m| Weight::Dense(Arc::new(m))).map_err(|e| err(what, e))
 }
 
-/// {"parts": [...], "bias": array | None}
-fn linear(d: &Bound<'_, PyDict>, key: &str, precise: bool) -> PyResult<Linear> {
-    let l: Bound<'_, PyDict> = required(d, key)?;
-    let parts: Bound<'_, PyList> = required(&l, "parts").map_err(|e| err(key, e))?;
-    let parts = parts.iter().enumerate().map(|(i, p)| weight(&p, &format!("{key} part {i}"))).collect::<PyResult<Vec<_>>>()?;
-    Linear::new(parts, floats(&l, "bias")?, precise).map_err(|e| err(key, e))
+/// The model's shape and its architecture's choices (architectures.py's row, the config's sizes).
+#[pyclass(name = "NativeSpec", module = "guided._native", frozen)]
+pub struct PyNativeSpec {
+    inner: Spec,
 }
 
-fn expert(d: &Bound<'_, PyDict>, what: &str) -> PyResult<Expert> {
-    Ok(Expert {
-        gate_up: linear(d, "gate_up", false).map_err(|e| err(what, e))?,
-        down: linear(d, "down", false).map_err(|e| err(what, e))?,
-    })
+#[pymethods]
+impl PyNativeSpec {
+    #[new]
+    #[pyo3(signature = (*, hidden, heads, kv_heads, head_dim, rotary_dim, eps, norms, norm_kind, qk_norm, qk_norm_after_rope,
+                        activation, swiglu_alpha, swiglu_limit, residual_multiplier, embedding_multiplier,
+                        logit_multiplier, final_softcap))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(hidden: usize, heads: usize, kv_heads: usize, head_dim: usize, rotary_dim: usize, eps: f32, norms: &str,
+           norm_kind: &str, qk_norm: Option<&str>, qk_norm_after_rope: bool, activation: &str, swiglu_alpha: f32,
+           swiglu_limit: f32, residual_multiplier: f32, embedding_multiplier: f32, logit_multiplier: f32,
+           final_softcap: Option<f32>) -> PyResult<Self> {
+        let oai = Activation::SwigluOai { alpha: swiglu_alpha, limit: swiglu_limit };
+        let activations = [("silu", Activation::Silu), ("gelu_tanh", Activation::GeluTanh), ("swiglu_oai", oai)];
+        Ok(PyNativeSpec {
+            inner: Spec {
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                rotary_dim,
+                eps,
+                norms: pick("norms", norms, NORMS)?,
+                norm_kind: pick("norm_kind", norm_kind, NORM_KINDS)?,
+                qk_norm: qk_norm.map(|q| pick("qk_norm", q, QK_NORMS)).transpose()?,
+                qk_norm_after_rope,
+                activation: pick("activation", activation, &activations)?,
+                residual_multiplier,
+                embedding_multiplier,
+                logit_multiplier,
+                final_softcap,
+            },
+        })
+    }
 }
 
-fn moe(d: &Bound<'_, PyDict>) -> PyResult<Moe> {
-    let scoring = required_choice(d, "scoring", &[("softmax", Scoring::Softmax), ("softmax_topk", Scoring::SoftmaxTopK), ("sigmoid", Scoring::Sigmoid)])?;
-    let experts: Bound<'_, PyList> = required(d, "experts")?;
-    let experts = experts
-        .iter()
-        .enumerate()
-        .map(|(i, e)| expert(e.cast::<PyDict>()?, &format!("expert {i}")))
-        .collect::<PyResult<Vec<_>>>()?;
-    let shared = match optional::<Bound<'_, PyDict>>(d, "shared")? {
-        Some(s) => Some(expert(&s, "shared expert")?),
-        None => None,
-    };
-    let routing = Routing {
-        scoring,
-        selection_bias: floats(d, "selection_bias")?,
-        top_k: required(d, "top_k")?,
-        norm_topk_prob: required(d, "norm_topk_prob")?,
-        routed_scaling: required(d, "routed_scaling")?,
-        groups: required(d, "groups")?,
-        topk_groups: required(d, "topk_groups")?,
-    };
-    Ok(Moe { router: linear(d, "router", false)?, routing, experts, shared })
+/// A linear layer: its stacked parts (QuantMatrix or 2-D float32 array, by rows) and a bias.
+#[pyclass(name = "NativeLinear", module = "guided._native", frozen)]
+pub struct PyNativeLinear {
+    inner: Linear,
 }
 
-fn layer(d: &Bound<'_, PyDict>) -> PyResult<Layer> {
-    let mlp: Bound<'_, PyDict> = required(d, "mlp")?;
-    let mlp = match optional::<Bound<'_, PyDict>>(&mlp, "moe")? {
-        Some(m) => Mlp::Moe(Box::new(moe(&m)?)),
-        None => Mlp::Dense(expert(&mlp, "mlp")?),
-    };
-    let mixer = match optional::<Bound<'_, PyDict>>(d, "conv")? {
-        Some(c) => Mixer::ShortConv(ConvMixer {
-            in_proj: linear(&c, "in_proj", false)?,
-            conv: ShortConv { weight: floats(&c, "weight")?.ok_or_else(|| err("conv", "no weight"))?, bias: floats(&c, "bias")? },
-            out_proj: linear(&c, "out_proj", false)?,
-        }),
-        None => Mixer::Attention(Attention {
-            q_norm: floats(d, "q_norm")?,
-            k_norm: floats(d, "k_norm")?,
-            qkv: linear(d, "qkv", false)?,
-            o: linear(d, "o", false)?,
-            scores: Scores { scale: required(d, "scale")?, window: optional(d, "window")?, softcap: optional(d, "softcap")? },
-            sinks: floats(d, "sinks")?,
-            rope: optional(d, "rope")?,
-        }),
-    };
-    Ok(Layer {
-        attn_norm: floats(d, "attn_norm")?,
-        mlp_norm: floats(d, "mlp_norm")?,
-        attn_post_norm: floats(d, "attn_post_norm")?,
-        mlp_post_norm: floats(d, "mlp_post_norm")?,
-        mixer,
-        mlp,
-    })
+#[pymethods]
+impl PyNativeLinear {
+    /// `precise`: quantized activations get a second pass over their rounding error (the output head).
+    #[new]
+    #[pyo3(signature = (*, parts, bias=None, precise=false))]
+    fn new(parts: Vec<Bound<'_, PyAny>>, bias: Option<PyReadonlyArray1<'_, f32>>, precise: bool) -> PyResult<Self> {
+        let parts = parts.iter().enumerate().map(|(i, p)| weight(p, &format!("parts[{i}]"))).collect::<PyResult<Vec<_>>>()?;
+        let inner = Linear::new(parts, floats(bias, "bias")?, precise).map_err(|e| err("NativeLinear", e))?;
+        Ok(PyNativeLinear { inner })
+    }
 }
 
-fn spec(d: &Bound<'_, PyDict>) -> PyResult<Spec> {
-    let norms = required_choice(d, "norms", &[("pre", Norms::Pre), ("post", Norms::Post), ("sandwich", Norms::Sandwich), ("parallel", Norms::Parallel)])?;
-    let norm_kind = required_choice(d, "norm_kind", &[("rms", NormKind::Rms), ("layer", NormKind::Layer)])?;
-    let qk_norm = choice(d, "qk_norm", &[("head", QkNorm::Head), ("full", QkNorm::Full)])?;
-    let oai = Activation::SwigluOai { alpha: required(d, "swiglu_alpha")?, limit: required(d, "swiglu_limit")? };
-    let activation = required_choice(d, "activation", &[("silu", Activation::Silu), ("gelu_tanh", Activation::GeluTanh), ("swiglu_oai", oai)])?;
-    Ok(Spec {
-        hidden: required(d, "hidden")?,
-        heads: required(d, "heads")?,
-        kv_heads: required(d, "kv_heads")?,
-        head_dim: required(d, "head_dim")?,
-        rotary_dim: required(d, "rotary_dim")?,
-        eps: required(d, "eps")?,
-        norms,
-        norm_kind,
-        qk_norm,
-        qk_norm_after_rope: required(d, "qk_norm_after_rope")?,
-        activation,
-        residual_multiplier: required(d, "residual_multiplier")?,
-        embedding_multiplier: required(d, "embedding_multiplier")?,
-        logit_multiplier: required(d, "logit_multiplier")?,
-        final_softcap: optional(d, "final_softcap")?,
-    })
+/// A gated MLP (or one expert): gate|up stacked, then down.
+#[pyclass(name = "NativeMlp", module = "guided._native", frozen)]
+pub struct PyNativeMlp {
+    inner: Expert,
+}
+
+#[pymethods]
+impl PyNativeMlp {
+    #[new]
+    #[pyo3(signature = (*, gate_up, down))]
+    fn new(gate_up: PyRef<'_, PyNativeLinear>, down: PyRef<'_, PyNativeLinear>) -> Self {
+        PyNativeMlp { inner: Expert { gate_up: gate_up.inner.clone(), down: down.inner.clone() } }
+    }
+}
+
+/// A mixture of experts: the router, how it routes (MoEConfig's fields), the experts.
+#[pyclass(name = "NativeMoe", module = "guided._native", frozen)]
+pub struct PyNativeMoe {
+    inner: Moe,
+}
+
+#[pymethods]
+impl PyNativeMoe {
+    #[new]
+    #[pyo3(signature = (*, router, scoring, top_k, norm_topk_prob, routed_scaling, groups, topk_groups, experts,
+                        shared=None, selection_bias=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(router: PyRef<'_, PyNativeLinear>, scoring: &str, top_k: usize, norm_topk_prob: bool, routed_scaling: f32,
+           groups: usize, topk_groups: usize, experts: Vec<PyRef<'_, PyNativeMlp>>, shared: Option<PyRef<'_, PyNativeMlp>>,
+           selection_bias: Option<PyReadonlyArray1<'_, f32>>) -> PyResult<Self> {
+        let routing = Routing {
+            scoring: pick("scoring", scoring, SCORINGS)?,
+            selection_bias: floats(selection_bias, "selection_bias")?,
+            top_k,
+            norm_topk_prob,
+            routed_scaling,
+            groups,
+            topk_groups,
+        };
+        let experts = experts.iter().map(|e| e.inner.clone()).collect();
+        Ok(PyNativeMoe { inner: Moe { router: router.inner.clone(), routing, experts, shared: shared.map(|s| s.inner.clone()) } })
+    }
+}
+
+/// Attention as a layer's mixer: q|k|v stacked, the output projection, how scores are made.
+#[pyclass(name = "NativeAttention", module = "guided._native", frozen)]
+pub struct PyNativeAttention {
+    inner: Attention,
+}
+
+#[pymethods]
+impl PyNativeAttention {
+    /// `rope`: which of the decoder's rotary tables the layer uses (None: it does not rotate);
+    /// `sinks`: a logit per head that joins its softmax (gpt-oss).
+    #[new]
+    #[pyo3(signature = (*, qkv, o, scale, window=None, softcap=None, sinks=None, rope=None, q_norm=None, k_norm=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(qkv: PyRef<'_, PyNativeLinear>, o: PyRef<'_, PyNativeLinear>, scale: f32, window: Option<usize>,
+           softcap: Option<f32>, sinks: Option<PyReadonlyArray1<'_, f32>>, rope: Option<usize>,
+           q_norm: Option<PyReadonlyArray1<'_, f32>>, k_norm: Option<PyReadonlyArray1<'_, f32>>) -> PyResult<Self> {
+        Ok(PyNativeAttention {
+            inner: Attention {
+                q_norm: floats(q_norm, "q_norm")?,
+                k_norm: floats(k_norm, "k_norm")?,
+                qkv: qkv.inner.clone(),
+                o: o.inner.clone(),
+                scores: Scores { scale, window, softcap },
+                sinks: floats(sinks, "sinks")?,
+                rope,
+            },
+        })
+    }
+}
+
+/// LFM2's gated short convolution as a layer's mixer.
+#[pyclass(name = "NativeShortConv", module = "guided._native", frozen)]
+pub struct PyNativeShortConv {
+    inner: ConvMixer,
+}
+
+#[pymethods]
+impl PyNativeShortConv {
+    /// `weight`: [hidden × kernel] taps, row-major, oldest first.
+    #[new]
+    #[pyo3(signature = (*, in_proj, out_proj, weight, bias=None))]
+    fn new(in_proj: PyRef<'_, PyNativeLinear>, out_proj: PyRef<'_, PyNativeLinear>, weight: PyReadonlyArray1<'_, f32>,
+           bias: Option<PyReadonlyArray1<'_, f32>>) -> PyResult<Self> {
+        let conv = ShortConv { weight: weight.to_vec().map_err(|e| err("weight", e))?, bias: floats(bias, "bias")? };
+        Ok(PyNativeShortConv { inner: ConvMixer { in_proj: in_proj.inner.clone(), conv, out_proj: out_proj.inner.clone() } })
+    }
+}
+
+/// One layer: its mixer (NativeAttention or NativeShortConv), its MLP (NativeMlp or NativeMoe), its norms.
+#[pyclass(name = "NativeLayer", module = "guided._native", frozen)]
+pub struct PyNativeLayer {
+    inner: Layer,
+}
+
+#[pymethods]
+impl PyNativeLayer {
+    #[new]
+    #[pyo3(signature = (*, mixer, mlp, attn_norm=None, mlp_norm=None, attn_post_norm=None, mlp_post_norm=None))]
+    fn new(mixer: &Bound<'_, PyAny>, mlp: &Bound<'_, PyAny>, attn_norm: Option<PyReadonlyArray1<'_, f32>>,
+           mlp_norm: Option<PyReadonlyArray1<'_, f32>>, attn_post_norm: Option<PyReadonlyArray1<'_, f32>>,
+           mlp_post_norm: Option<PyReadonlyArray1<'_, f32>>) -> PyResult<Self> {
+        let mixer = if let Ok(a) = mixer.cast::<PyNativeAttention>() {
+            Mixer::Attention(a.get().inner.clone())
+        } else if let Ok(c) = mixer.cast::<PyNativeShortConv>() {
+            Mixer::ShortConv(c.get().inner.clone())
+        } else {
+            return Err(PyTypeError::new_err("mixer: a NativeAttention or a NativeShortConv"));
+        };
+        let mlp = if let Ok(m) = mlp.cast::<PyNativeMlp>() {
+            Mlp::Dense(m.get().inner.clone())
+        } else if let Ok(m) = mlp.cast::<PyNativeMoe>() {
+            Mlp::Moe(Box::new(m.get().inner.clone()))
+        } else {
+            return Err(PyTypeError::new_err("mlp: a NativeMlp or a NativeMoe"));
+        };
+        Ok(PyNativeLayer {
+            inner: Layer {
+                attn_norm: floats(attn_norm, "attn_norm")?,
+                mlp_norm: floats(mlp_norm, "mlp_norm")?,
+                attn_post_norm: floats(attn_post_norm, "attn_post_norm")?,
+                mlp_post_norm: floats(mlp_post_norm, "mlp_post_norm")?,
+                mixer,
+                mlp,
+            },
+        })
+    }
 }
 
 /// A C-contiguous float32 array the decoder reads (or writes) in place, kept alive by the decoder.
@@ -192,36 +269,27 @@ pub struct PyCpuDecoder {
 impl PyCpuDecoder {
     /// `spec`: the model's shape and its architecture's choices; `embedding`: a float32
     /// [vocab, hidden] array (read in place) or a QuantMatrix (rows dequantized on lookup);
-    /// `layers`: one dict per layer; `lm_head`: {"parts", "bias", "precise"}; `caches`: per
-    /// layer a (K, V) pair of float32 [blocks, block_size, kv_heads, head_dim] arrays, written in place
+    /// `layers`: one record per layer; `lm_head`: the output head; `caches`: per layer a (K, V)
+    /// pair of float32 [blocks, block_size, kv_heads, head_dim] arrays, written in place
     /// (a convolution layer's: [blocks, block_size, 1, hidden] and an empty V).
     #[new]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (spec, embedding, layers, norm, lm_head, caches))]
     fn new(
-        spec_: Bound<'_, PyDict>,
+        spec: PyRef<'_, PyNativeSpec>,
         embedding: Bound<'_, PyAny>,
-        layers: Bound<'_, PyList>,
-        norm: Bound<'_, PyAny>,
-        lm_head: Bound<'_, PyDict>,
+        layers: Vec<PyRef<'_, PyNativeLayer>>,
+        norm: PyReadonlyArray1<'_, f32>,
+        lm_head: PyRef<'_, PyNativeLinear>,
         caches: Bound<'_, PyList>,
     ) -> PyResult<Self> {
-        let spec = spec(&spec_)?;
         let embedding = if let Ok(m) = embedding.cast::<PyQuantMatrix>() {
             Embedding::Rows(m.get().inner.clone())
         } else {
             let a = embedding.cast::<PyArray2<f32>>().map_err(|_| PyTypeError::new_err("embedding: a QuantMatrix or a 2-D float32 array"))?;
             Embedding::Dense(borrowed(a, "embedding")?)
         };
-        let layers = layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| layer(l.cast::<PyDict>()?).map_err(|e| err(&format!("layer {i}"), e)))
-            .collect::<PyResult<Vec<_>>>()?;
-        let norm = norm.cast::<numpy::PyArray1<f32>>().map_err(|_| PyTypeError::new_err("norm: a 1-D float32 array"))?.to_vec().map_err(|e| err("norm", e))?;
-        let precise: bool = optional(&lm_head, "precise")?.unwrap_or(false);
-        let wrapper = PyDict::new(lm_head.py());
-        wrapper.set_item("lm_head", &lm_head)?;
-        let head = linear(&wrapper, "lm_head", precise)?;
+        let layers = layers.iter().map(|l| l.inner.clone()).collect();
+        let norm = norm.to_vec().map_err(|e| err("norm", e))?;
         let mut shape = None;
         let caches = caches
             .iter()
@@ -239,7 +307,8 @@ impl PyCpuDecoder {
             })
             .collect::<PyResult<Vec<_>>>()?;
         let [blocks, block_size] = shape.ok_or_else(|| err("caches", "none given"))?;
-        let inner = Decoder::new(spec, embedding, layers, norm, head, caches, blocks, block_size).map_err(PyValueError::new_err)?;
+        let inner = Decoder::new(spec.inner.clone(), embedding, layers, norm, lm_head.inner.clone(), caches, blocks, block_size)
+            .map_err(PyValueError::new_err)?;
         Ok(PyCpuDecoder { inner: Arc::new(inner) })
     }
 

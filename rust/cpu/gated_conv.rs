@@ -9,6 +9,7 @@
 //! The decoder's out_proj follows.
 
 /// The convolution's weights.
+#[derive(Clone)]
 pub struct ShortConv {
     /// [hidden, kernel]: per channel, the taps oldest first (the last on the row's own position)
     pub weight: Vec<f32>,

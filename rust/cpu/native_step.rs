@@ -73,10 +73,12 @@ pub struct Spec {
     pub final_softcap: Option<f32>,
 }
 
-/// A weight matrix the step multiplies by.
+/// A weight matrix the step multiplies by (shared: a record built once may
+/// be handed to several decoders without copying its values).
+#[derive(Clone)]
 pub enum Weight {
     Quant(Arc<QuantMatrix>),
-    Dense(DenseMatrix),
+    Dense(Arc<DenseMatrix>),
 }
 
 impl Weight {
@@ -96,6 +98,7 @@ impl Weight {
 
 /// A linear layer: one matrix or several stacked by rows (q|k|v in different
 /// formats), and a bias.
+#[derive(Clone)]
 pub struct Linear {
     parts: Vec<Weight>,
     bias: Option<Vec<f32>>,
@@ -160,12 +163,14 @@ impl Linear {
     }
 }
 
+#[derive(Clone)]
 pub struct Expert {
     pub gate_up: Linear,
     pub down: Linear,
 }
 
 /// A mixture-of-experts MLP (model/moe.py's): a router, its routing, the experts.
+#[derive(Clone)]
 pub struct Moe {
     pub router: Linear,
     pub routing: Routing,
@@ -173,12 +178,14 @@ pub struct Moe {
     pub shared: Option<Expert>,
 }
 
+#[derive(Clone)]
 pub enum Mlp {
     Dense(Expert),
     Moe(Box<Moe>),
 }
 
 /// A layer's token mixer: attention, or LFM2's gated short convolution.
+#[derive(Clone)]
 pub enum Mixer {
     Attention(Attention),
     ShortConv(ConvMixer),
@@ -186,12 +193,14 @@ pub enum Mixer {
 
 /// LFM2's mixer: in_proj [3·hidden, hidden] gives B, C and x, the convolution mixes
 /// them (gated_conv.rs), out_proj [hidden, hidden].
+#[derive(Clone)]
 pub struct ConvMixer {
     pub in_proj: Linear,
     pub conv: ShortConv,
     pub out_proj: Linear,
 }
 
+#[derive(Clone)]
 pub struct Attention {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
@@ -204,6 +213,7 @@ pub struct Attention {
     pub rope: Option<usize>,
 }
 
+#[derive(Clone)]
 pub struct Layer {
     /// the mixer's input norm (attention's or the convolution's)
     pub attn_norm: Option<Vec<f32>>,
@@ -879,7 +889,7 @@ mod tests {
     }
 
     fn dense(rows: usize, cols: usize, seed: u32) -> Linear {
-        Linear::new(vec![Weight::Dense(DenseMatrix::new(rows, cols, &values(rows * cols, seed)).unwrap())], None, false).unwrap()
+        Linear::new(vec![Weight::Dense(Arc::new(DenseMatrix::new(rows, cols, &values(rows * cols, seed)).unwrap()))], None, false).unwrap()
     }
 
     fn borrowed(v: Vec<f32>) -> Borrowed {

@@ -58,7 +58,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .layer_kinds import DeltaNetConfig, MambaConfig
+from .layer_kinds import Activation, DeltaNetConfig, MambaConfig, NormKind, NormPlacement, QkNorm, check_feature
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
                           gpt_oss_hf, qwen3_moe_gguf, qwen3_moe_hf)
 
@@ -72,13 +72,13 @@ class Architecture:
     name: str
     hf_names: tuple[str, ...]
     gguf_names: tuple[str, ...] = ()
-    norms: str = "pre"
-    norm_kind: str = "rms"
-    qk_norm: str | None = None
+    norms: NormPlacement = "pre"
+    norm_kind: NormKind = "rms"
+    qk_norm: QkNorm | None = None
     qk_norm_after_rope: bool = False
     qkv_bias: bool = False          # always, whatever the config says (Qwen2)
     output_bias: bool = True        # o_proj has a bias where q, k and v have (not in Qwen2, GLM)
-    activation: str = "silu"
+    activation: Activation = "silu"
     norm_offset: float = 0.0
     interleaved_rope: bool = False
     gguf_permuted_qk: bool = False
@@ -92,6 +92,11 @@ class Architecture:
     gguf_roles: tuple[tuple[str, str], ...] = ()
     read_hf: Callable[[dict, dict], dict[str, Any]] = _none
     read_gguf: Callable[[Callable, dict], dict[str, Any]] = _none
+
+    def __post_init__(self):
+        for field, kind in (("norms", NormPlacement), ("norm_kind", NormKind), ("qk_norm", QkNorm),
+                            ("activation", Activation)):
+            check_feature(f"{self.name}: {field}", getattr(self, field), kind)
 
 
 # ---------------------------------------------------------------- the architectures' own numbers

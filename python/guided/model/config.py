@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .architectures import Architecture, architecture, for_gguf, for_hf
-from .layer_kinds import DeltaNetConfig, LatentConfig, MambaConfig, MoEConfig
+from .layer_kinds import DeltaNetConfig, LatentConfig, MambaConfig, MoEConfig, QkNorm
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ModelConfig:
     attn_softcap: float | None = None      # scores → cap·tanh(scores / cap) (Gemma 2)
     final_softcap: float | None = None
     moe: MoEConfig | None = None
-    qk_norm: str | None = None             # the architecture's, or the config's (GLM's use_qk_norm)
+    qk_norm: QkNorm | None = None          # the architecture's, or the config's (GLM's use_qk_norm)
     swiglu_alpha: float = 1.702            # the "swiglu_oai" activation's sigmoid gain and clamp (gpt-oss)
     swiglu_limit: float = 7.0
     #: multi-head latent attention in every layer (DeepSeek V3); head_dim is then its cache entry's width

@@ -5,6 +5,29 @@ ModelConfig."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
+
+#: The feature values the executors read, declared once: the architecture rows
+#: and MoEConfig are typed by them and checked against them (``check_feature``),
+#: the native step's records (rust/bindings/python_native_step.rs) take the same
+#: (tests/model/test_native_contract.py ties the two).
+#: Where a layer's norms sit: "pre" (Llama), "post" (OLMo 2), "sandwich" (Gemma 2/3),
+#: "parallel" (Cohere 2: one norm, attention and MLP side by side)
+NormPlacement = Literal["pre", "post", "sandwich", "parallel"]
+#: RMSNorm, or a LayerNorm without bias (Cohere)
+NormKind = Literal["rms", "layer"]
+#: q/k norms per head (Qwen3) or over all heads at once (OLMo 2)
+QkNorm = Literal["head", "full"]
+#: the gated MLP's activation: SiLU, tanh-approximated GELU (Gemma), gpt-oss's clamped SwiGLU
+Activation = Literal["silu", "gelu_tanh", "swiglu_oai"]
+#: how a router's logits choose experts (MoEConfig.scoring)
+Scoring = Literal["softmax", "softmax_topk", "sigmoid"]
+
+
+def check_feature(field: str, value, kind) -> None:
+    """ValueError naming ``field`` and ``value`` where ``value`` is not one of the Literal ``kind``'s."""
+    if value is not None and value not in get_args(kind):
+        raise ValueError(f"{field}: unknown {value!r} (one of {', '.join(get_args(kind))})")
 
 
 @dataclass(frozen=True)
@@ -17,7 +40,7 @@ class MoEConfig:
     intermediate_size: int
     #: "softmax" (Qwen3-MoE: a softmax over all experts, then the top k), "sigmoid" with a
     #: selection bias (GLM-4.5), or "softmax_topk" (gpt-oss: the top k logits, then a softmax over them)
-    scoring: str = "softmax"
+    scoring: Scoring = "softmax"
     norm_topk_prob: bool = True
     routed_scaling: float = 1.0
     num_groups: int = 1          # experts are chosen from the best `topk_groups` of these groups
@@ -27,6 +50,9 @@ class MoEConfig:
     dense_layers: tuple[bool, ...] = ()
     router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
     expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
+
+    def __post_init__(self):
+        check_feature("scoring", self.scoring, Scoring)
 
 
 @dataclass(frozen=True)

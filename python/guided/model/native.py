@@ -44,7 +44,7 @@ class NativeStep:
         self._tables: list[np.ndarray] = []   # numpy views of the tables, renewed when one grows
         self.decoder = _native.CpuDecoder(
             _spec(model), _embedding(model), [_layer(layer, self.kinds) for layer in model.layers],
-            _array(model.norm.weight), {**_linear(model.lm_head), "precise": _precise(model.lm_head)},
+            _array(model.norm.weight), _linear(model.lm_head, precise=_precise(model.lm_head)),
             [(_cache(k), _cache(v)) for k, v in caches])
 
     def forward(self, plan) -> np.ndarray:
@@ -83,18 +83,17 @@ def native_decoder(model: nn.Module, device: torch.device, caches) -> NativeStep
     return NativeStep(model, caches)
 
 
-def _spec(model: CausalLM) -> dict:
+def _spec(model: CausalLM) -> _native.NativeSpec:
     c = model.config
     arch = c.arch
-    return {"hidden": c.hidden_size, "heads": c.num_heads, "kv_heads": c.num_kv_heads,
-            "head_dim": c.head_dim, "rotary_dim": c.rotary_dim, "eps": float(c.rms_norm_eps),
-            "norms": arch.norms, "norm_kind": arch.norm_kind, "qk_norm": c.qk_norm,
-            "qk_norm_after_rope": arch.qk_norm_after_rope,
-            "activation": arch.activation, "swiglu_alpha": float(c.swiglu_alpha),
-            "swiglu_limit": float(c.swiglu_limit), "residual_multiplier": float(c.residual_multiplier),
-            "embedding_multiplier": float(c.embedding_multiplier),
-            "logit_multiplier": float(c.logit_multiplier),
-            "final_softcap": None if c.final_softcap is None else float(c.final_softcap)}
+    return _native.NativeSpec(
+        hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        rotary_dim=c.rotary_dim, eps=float(c.rms_norm_eps), norms=arch.norms, norm_kind=arch.norm_kind,
+        qk_norm=c.qk_norm, qk_norm_after_rope=arch.qk_norm_after_rope, activation=arch.activation,
+        swiglu_alpha=float(c.swiglu_alpha), swiglu_limit=float(c.swiglu_limit),
+        residual_multiplier=float(c.residual_multiplier), embedding_multiplier=float(c.embedding_multiplier),
+        logit_multiplier=float(c.logit_multiplier),
+        final_softcap=None if c.final_softcap is None else float(c.final_softcap))
 
 
 def _embedding(model: CausalLM):
@@ -106,53 +105,59 @@ def _embedding(model: CausalLM):
     return _array(model.embed_tokens.weight)
 
 
-def _layer(layer: DecoderLayer, kinds: list[str]) -> dict:
-    out = {name: _array(getattr(layer, name).weight) if hasattr(layer, name) else None
-           for name in ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm", "q_norm", "k_norm")}
-    out["mlp"] = {"moe": _moe(layer.moe)} if layer.moe is not None else \
-        {"gate_up": _linear(layer.gate_up_proj), "down": _linear(layer.down_proj)}
+def _layer(layer: DecoderLayer, kinds: list[str]) -> _native.NativeLayer:
+    norms = {name: _array(getattr(layer, name).weight) for name in
+             ("attn_norm", "mlp_norm", "attn_post_norm", "mlp_post_norm") if hasattr(layer, name)}
+    mlp = _moe(layer.moe) if layer.moe is not None else \
+        _native.NativeMlp(gate_up=_linear(layer.gate_up_proj), down=_linear(layer.down_proj))
+    mixer: _native.NativeAttention | _native.NativeShortConv
     if layer.conv is not None:   # LFM2's gated short convolution instead of attention
-        out["conv"] = {"in_proj": _linear(layer.conv_in_proj), "out_proj": _linear(layer.conv_out_proj),
-                       "weight": _array(layer.conv.weight).reshape(-1),   # [hidden, kernel], row-major
-                       "bias": None if layer.conv.bias is None else _array(layer.conv.bias)}
-        return out
-    out.update(qkv=_linear(layer.qkv_proj), o=_linear(layer.o_proj),
-               scale=float(layer.scores.scale), window=layer.scores.window,
-               softcap=None if layer.scores.softcap is None else float(layer.scores.softcap),
-               sinks=None if layer.sinks is None else _array(layer.sinks),
-               rope=None if layer.rope is None else kinds.index(layer.rope))
-    return out
+        mixer = _native.NativeShortConv(
+            in_proj=_linear(layer.conv_in_proj), out_proj=_linear(layer.conv_out_proj),
+            weight=_array(layer.conv.weight).reshape(-1),   # [hidden, kernel], row-major
+            bias=None if layer.conv.bias is None else _array(layer.conv.bias))
+    else:
+        mixer = _native.NativeAttention(
+            qkv=_linear(layer.qkv_proj), o=_linear(layer.o_proj), scale=float(layer.scores.scale),
+            window=layer.scores.window,
+            softcap=None if layer.scores.softcap is None else float(layer.scores.softcap),
+            sinks=None if layer.sinks is None else _array(layer.sinks),
+            rope=None if layer.rope is None else kinds.index(layer.rope),
+            **{name: _array(getattr(layer, name).weight) for name in ("q_norm", "k_norm") if hasattr(layer, name)})
+    return _native.NativeLayer(mixer=mixer, mlp=mlp, **norms)
 
 
-def _moe(moe: MoE) -> dict:
+def _moe(moe: MoE) -> _native.NativeMoe:
     m = moe.config
     held = hasattr(moe, "gate_up_q")
 
-    def expert(e: int) -> dict:
-        gate_up = _linear(moe.gate_up_q[e]) if held else {"parts": [_array(moe.gate_up[e])]}
-        down = _linear(moe.down_q[e]) if held else {"parts": [_array(moe.down[e])]}
-        if m.expert_bias:
-            gate_up["bias"], down["bias"] = _array(moe.gate_up_bias[e]), _array(moe.down_bias[e])
-        return {"gate_up": gate_up, "down": down}
+    def expert(e: int) -> _native.NativeMlp:
+        gate_up, down = (moe.gate_up_q[e], moe.down_q[e]) if held else (moe.gate_up[e], moe.down[e])
+        biases = (moe.gate_up_bias[e], moe.down_bias[e]) if m.expert_bias else (None, None)
+        return _native.NativeMlp(gate_up=_linear(gate_up, bias=biases[0]), down=_linear(down, bias=biases[1]))
 
-    shared = {"gate_up": {"parts": [_array(moe.shared_gate_up)]}, "down": {"parts": [_array(moe.shared_down)]}} \
+    shared = _native.NativeMlp(gate_up=_linear(moe.shared_gate_up), down=_linear(moe.shared_down)) \
         if m.shared_intermediate_size else None
-    return {"router": _linear(moe.router), "scoring": m.scoring,
-            "selection_bias": _array(moe.router_bias) if m.scoring == "sigmoid" else None,
-            "top_k": m.top_k, "norm_topk_prob": m.norm_topk_prob, "routed_scaling": float(m.routed_scaling),
-            "groups": m.num_groups, "topk_groups": m.topk_groups,
-            "experts": [expert(e) for e in range(m.num_experts)], "shared": shared}
+    return _native.NativeMoe(
+        router=_linear(moe.router), scoring=m.scoring, top_k=m.top_k, norm_topk_prob=m.norm_topk_prob,
+        routed_scaling=float(m.routed_scaling), groups=m.num_groups, topk_groups=m.topk_groups,
+        experts=[expert(e) for e in range(m.num_experts)], shared=shared,
+        selection_bias=_array(moe.router_bias) if m.scoring == "sigmoid" else None)
 
 
-def _linear(module: nn.Module) -> dict:
-    """{"parts": the stacked matrices, "bias": ...}: a QuantLinear's native matrices, or a float weight."""
-    if isinstance(module, QuantLinear):
-        parts = list(module.matrices)
-    elif isinstance(module, nn.Linear):
-        parts = [_array(module.weight)]
+def _linear(weights, bias: torch.Tensor | None = None, precise: bool = False) -> _native.NativeLinear:
+    """A QuantLinear's native matrices, an nn.Linear's float weight, or a bare float
+    weight tensor (an expert's), with its bias (``bias``, given, over the module's)."""
+    parts: list[_native.QuantMatrix | np.ndarray]
+    if isinstance(weights, QuantLinear):
+        parts, bias = list(weights.matrices), weights.bias if bias is None else bias
+    elif isinstance(weights, nn.Linear):
+        parts, bias = [_array(weights.weight)], weights.bias if bias is None else bias
+    elif isinstance(weights, torch.Tensor):
+        parts = [_array(weights)]
     else:
-        raise NotNative(f"a {type(module).__name__} layer")
-    return {"parts": parts, "bias": None if module.bias is None else _array(module.bias)}
+        raise NotNative(f"a {type(weights).__name__} layer")
+    return _native.NativeLinear(parts=parts, bias=None if bias is None else _array(bias), precise=precise)
 
 
 def _precise(module: nn.Module) -> bool:
