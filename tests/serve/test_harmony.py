@@ -159,7 +159,7 @@ def test_responses_and_messages(harmony):
              "parameters": t["function"]["parameters"]} for t in TOOLS]
     r = client.responses.create(model=model, instructions=SYSTEM, input="What is the weather in Paris?",
                                 tools=flat, tool_choice="required", reasoning={"effort": "low"},
-                                max_output_tokens=96, temperature=1.0)
+                                max_output_tokens=96, temperature=1.0, extra_body={"seed": 3})
     kinds = [o.type for o in r.output]
     assert kinds[0] == "reasoning" and kinds[-1] == "function_call", kinds
     call = r.output[-1]
@@ -176,7 +176,10 @@ def test_responses_and_messages(harmony):
                                  messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                                  tools=[{"name": t["name"], "description": t["description"],
                                          "input_schema": t["parameters"]} for t in flat],
-                                 tool_choice={"type": "any"}, thinking={"type": "enabled", "budget_tokens": 24})
+                                 tool_choice={"type": "any"}, thinking={"type": "enabled", "budget_tokens": 24},
+                                 # greedy (this SDK takes no temperature with thinking, the API no
+                                 # seed): the same answer on every run
+                                 extra_body={"temperature": 0.0})
     kinds = [b.type for b in msg.content]
     assert kinds[0] == "thinking" and kinds[-1] == "tool_use" and msg.stop_reason == "tool_use", msg.content
     jsonschema.validate(msg.content[-1].input, WEATHER)
