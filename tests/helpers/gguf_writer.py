@@ -185,11 +185,16 @@ def _granite_arch(h) -> str:
     return "granitemoe" if h.find("num_experts_per_tok", "num_experts_per_token") else "granite"
 
 
-def _granite_hybrid(w, h):
-    """GraniteHybridModel (GraniteMoeModel's keys, the Mamba2 ones, per-layer KV heads)."""
+def _granite_moe(w, h):
+    """GraniteMoeModel: GraniteModel's keys and the shared MLP's width."""
     _granite(w, h)
     if (shared := h.c.get("shared_intermediate_size")):
         w.add_expert_shared_feed_forward_length(shared)
+
+
+def _granite_hybrid(w, h):
+    """GraniteHybridModel (GraniteMoeModel's keys, the Mamba2 ones, per-layer KV heads)."""
+    _granite_moe(w, h)
     attn = _attn_layers(h)
     w.add_ssm_conv_kernel(h.find("conv_kernel", "d_conv", "mamba_d_conv"))
     w.add_ssm_state_size(h.find("state_size", "d_state", "state_dim", "ssm_state_size", "mamba_d_state"))
@@ -501,6 +506,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "qwen3": Arch("qwen3"),
     "phi3": Arch("phi3", _phi3, extra=_longrope_factors),
     "granite": Arch("granite", _granite, permute_qk=True),
+    "granitemoeshared": Arch("granitemoe", _granite_moe, permute_qk=True),
     "granitemoehybrid": Arch(_granite_arch, _granite_hybrid, permute_qk=True, modify=_mamba2_tensors),
     "smollm3": Arch("smollm3", _llama, permute_qk=True),
     "olmo2": Arch("olmo2", _olmo2),

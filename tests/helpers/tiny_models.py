@@ -142,6 +142,19 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=96, position_embedding_type="nope",
         mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
         embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
+    # Granite 4.0-H Tiny/Small: the same Mamba-2 layers with experts in every layer (8, top 2, a softmax
+    # over the chosen logits) beside the shared MLP, wider than the experts' intermediate_size
+    "granitemoehybrid_moe": lambda: transformers.GraniteMoeHybridConfig(**_tiny(head_dim=None,
+        tie_word_embeddings=True, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                               "linear_attention"], num_hidden_layers=4,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, shared_intermediate_size=96,
+        position_embedding_type="nope", mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5,
+        logits_scaling=2.0)),
+    # Granite 3's mixture of experts, all attention, with rotation: the same experts and shared MLP
+    "granitemoeshared": lambda: transformers.GraniteMoeSharedConfig(**_tiny(head_dim=None, tie_word_embeddings=True,
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, shared_intermediate_size=96,
+        embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
     # Qwen3.5: Gated DeltaNet layers (2 key heads of 16 shared by 4 value heads of 16, 4 taps) around a
     # gated attention layer with a quarter of each head rotating; (1 + w) norms
     "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**_tiny(tie_word_embeddings=True, num_hidden_layers=4,
@@ -149,6 +162,22 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                    "partial_rotary_factor": 0.25})),
+    # Qwen3.5-MoE: the same layers with experts in every one (8, top 2, renormalised) and a shared expert
+    # gated by σ of a linear, wider than the experts
+    "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**_tiny(tie_word_embeddings=False, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.25})),
+    # Qwen3-Next: Qwen3.5-MoE's layers with the DeltaNet's q|k|v|z and b|a projections grouped per key head
+    # (value heads 8 over key heads 2: four per group), a dense MLP in its mlp_only_layers
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(**_tiny(tie_word_embeddings=True, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=8, linear_key_head_dim=16, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
     # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
     "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
         tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),

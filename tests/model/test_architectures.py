@@ -56,7 +56,9 @@ ARCHS = list(ARCHITECTURES)
 NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window",
            # llama.cpp's deepseek2 files split kv_b_proj into per-head k_b/v_b tensors the loader does not read yet
            "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
-           "qwen3_5": "no reader yet for llama.cpp's qwen35 tensors"}
+           "qwen3_5": "no reader yet for llama.cpp's qwen35 tensors",
+           "qwen3_5_moe": "no reader yet for llama.cpp's qwen35moe tensors",
+           "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors"}
 
 
 def _prompt_lengths(arch: str) -> tuple[int, ...]:
@@ -139,7 +141,7 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
                 round_rows(kv[:, c.qk_nope_head_dim:])
                 continue
             rows = p.transpose(-1, -2) if transposed and name.endswith(_TRANSPOSED) else p
-            if p.dim() < 2 or rows.shape[-1] % 32 or name.endswith(("mlp.gate.weight", "mlp.router.weight", "_bias")):
+            if p.dim() < 2 or rows.shape[-1] % 32 or name.endswith(("mlp.gate.weight", "router.weight", "_bias")):
                 continue
             if names is not None and not name.endswith(names):
                 continue
@@ -147,7 +149,7 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
     return rounded
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "gpt_oss", "granitemoehybrid_moe"])
 def test_gguf_experts_stay_in_their_blocks_with_dtype_gguf(arch, tiny, tmp_path):
     """dtype="gguf": each expert multiplies through ggml's kernels on its own
     Q8_0 blocks (8-bit activations, as llama.cpp), close to the float32 load of

@@ -43,24 +43,24 @@ What each field means:
 
 Layers other than attention, by ``layer_types``: "conv" (LFM2), a gated short
 convolution whose inputs the paged cache holds per token (model/short_conv.py);
-"mamba" (Granite 4.0-H) and "delta" (Qwen3.5, whose attention layers also gate
+"mamba" (Granite 4.0-H) and "delta" (Qwen3.5 and Qwen3-Next, whose attention layers also gate
 their output: ``attention_gate``), Mamba-2 and Gated DeltaNet mixers
 (model/mamba.py, delta_net.py) whose state lives in a slot per sequence,
 snapshots of it serving the prefix cache (model/state_pool.py). A row with a
 ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends with
 multi-head latent attention (model/latent_attention.py). Out of scope:
-Nemotron-H's and Falcon-H1's blocks, Qwen3-Next's experts ("linear" layers of
-other architectures are refused).
+Nemotron-H's and Falcon-H1's blocks ("linear" layers of other architectures are
+refused).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .layer_kinds import Activation, DeltaNetConfig, MambaConfig, NormKind, NormPlacement, QkNorm, check_feature
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
-                          gpt_oss_hf, qwen3_moe_gguf, qwen3_moe_hf)
+                          gpt_oss_hf, granite_moe, qwen3_moe_gguf, qwen3_moe_hf)
 
 
 def _none(*_) -> dict[str, Any]:
@@ -102,8 +102,6 @@ class Architecture:
 # ---------------------------------------------------------------- the architectures' own numbers
 
 def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    if cfg.get("num_local_experts"):
-        raise ValueError("Granite's mixture-of-experts layers are not supported yet")
     # GraniteMoeHybrid's position_embedding_type "nope": no layer rotates
     nope = cfg.get("position_embedding_type") == "nope"
     out = {"embedding_multiplier": float(cfg.get("embedding_multiplier", 1.0)),
@@ -114,6 +112,9 @@ def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
            # GraniteMoeHybrid's MLP is its shared_mlp, as wide as shared_intermediate_size
            # (intermediate_size is the experts' width, and may differ)
            "intermediate_size": cfg.get("shared_intermediate_size")}
+    if cfg.get("num_local_experts"):
+        out["moe"] = granite_moe(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"],
+                                 cfg.get("shared_intermediate_size") or 0, cfg["num_hidden_layers"])
     return {**out, **_granite_mamba(cfg, base, out["rope_layers"] or base.get("rope_layers"))}
 
 
@@ -148,9 +149,14 @@ def _granite_hybrid_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: a KV head count per layer, 0 for the Mamba-2 layers; rope.scaling.finetuned false:
     # no layer rotates (4.0-H's NoPE); the biases are the loader's to find
     out = _granite_gguf(get, base)
-    # the shared MLP's width (llama.cpp's converter writes intermediate_size as feed_forward_length)
-    if shared := get("expert_shared_feed_forward_length", 0):
-        out["intermediate_size"] = int(shared)
+    # the shared MLP's width (llama.cpp's converter writes intermediate_size, the experts' width, as
+    # feed_forward_length)
+    shared = int(get("expert_shared_feed_forward_length", 0))
+    if shared:
+        out["intermediate_size"] = shared
+    if experts := get("expert_count", 0):
+        out["moe"] = granite_moe(int(experts), int(get("expert_used_count")), int(get("feed_forward_length")),
+                                 shared, int(get("block_count")))
     kv = get("attention.head_count_kv")
     if not isinstance(kv, (list, tuple)) or 0 not in kv:
         return out
@@ -265,8 +271,15 @@ def _qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
     types = tuple("delta" if t == "linear" else t for t in base.get("layer_types") or ())
     delta = DeltaNetConfig(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
                            cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]) if "delta" in types else None
-    return {"layer_types": types or None, "delta": delta,
-            "rope_layers": tuple(None if t == "delta" else "global" for t in types) or None}
+    out = {"layer_types": types or None, "delta": delta,
+           "rope_layers": tuple(None if t == "delta" else "global" for t in types) or None}
+    if cfg.get("num_experts"):
+        # Qwen3-Next's and Qwen3.5-MoE's experts: Qwen3-MoE's router (Qwen3.5-MoE always renormalises
+        # the top k; its config says nothing), a shared expert gated by σ of a linear
+        moe = qwen3_moe_hf({**cfg, "norm_topk_prob": cfg.get("norm_topk_prob") is not False}, base)["moe"]
+        out["moe"] = replace(moe, shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+                             shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")))
+    return out
 
 
 def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
@@ -301,7 +314,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("phi3", ("Phi3ForCausalLM",), ("phi3",), sliding_everywhere=True),
     Architecture("granite", ("GraniteForCausalLM",), ("granite",), gguf_permuted_qk=True,
                  read_hf=_granite_hf, read_gguf=_granite_gguf),
-    Architecture("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitehybrid",), gguf_permuted_qk=True,
+    Architecture("granitemoehybrid", ("GraniteMoeHybridForCausalLM", "GraniteMoeForCausalLM",
+                                      "GraniteMoeSharedForCausalLM"), ("granitehybrid", "granitemoe"),
+                 gguf_permuted_qk=True,
                  read_hf=_granite_hf, read_gguf=_granite_hybrid_gguf),
     Architecture("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), gguf_permuted_qk=True,
                  read_hf=_smollm3_hf, read_gguf=_smollm3_gguf),
@@ -323,8 +338,12 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  interleaved_rope=True, read_hf=_cohere2_hf, read_gguf=_cohere2_gguf),
     Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), ("deepseek2",), output_bias=False,
                  read_hf=deepseek_v3_hf, read_gguf=deepseek2_gguf),
-    Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"), qk_norm="head",
+    Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+                                  "Qwen3_5MoeForConditionalGeneration"), qk_norm="head",
                  norm_offset=1.0, attention_gate=True, read_hf=_qwen3_5_hf),
+    # Qwen3.5's layers with Qwen3-Next's projections (Gated DeltaNet's grouped by key head)
+    Architecture("qwen3_next", ("Qwen3NextForCausalLM",), qk_norm="head", norm_offset=1.0, attention_gate=True,
+                 read_hf=_qwen3_5_hf),
     Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),

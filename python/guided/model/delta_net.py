@@ -1,4 +1,4 @@
-"""Qwen3.5's Gated DeltaNet: the token mixer of its "delta" layers.
+"""Qwen3.5's and Qwen3-Next's Gated DeltaNet: the token mixer of their "delta" layers.
 
 in_proj gives each token q|k|v (through a causal depthwise convolution of
 `conv_kernel` taps, then SiLU), a gate z, and per value head b and a. With q
@@ -24,6 +24,16 @@ from torch import nn
 from .layer_kinds import DeltaNetConfig
 from .short_conv import meta_parameter as _parameter, paged_conv
 from .state_pool import StateStep
+
+
+def delta_ungrouped(w: torch.Tensor, d: DeltaNetConfig, projection: str) -> torch.Tensor:
+    """Qwen3-Next's in_proj_qkvz ("qkvz") or in_proj_ba ("ba") rows, grouped per key head
+    as [q_h, k_h, v_g, z_g] or [b_g, a_g] (g: the value heads sharing key head h), in
+    Qwen3.5's order: q|k|v|z or b|a, each over all heads."""
+    share = d.v_heads // d.k_heads
+    sizes = [d.k_dim, d.k_dim, share * d.v_dim, share * d.v_dim] if projection == "qkvz" else [share, share]
+    parts = w.reshape(d.k_heads, sum(sizes), w.shape[-1]).split(sizes, dim=1)
+    return torch.cat([p.reshape(-1, w.shape[-1]) for p in parts])
 
 
 class DeltaNet(nn.Module):

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from .architectures import Architecture
 from .config import ModelConfig
+from .delta_net import delta_ungrouped
 from .gguf_loader import _layer, latent_halves, unpermute
 from .mxfp4 import dequantize_mxfp4
 from .weights import WeightSink
@@ -112,7 +113,9 @@ _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           "linear_attn.in_proj_qkv": "delta_in_qkv", "linear_attn.in_proj_z": "delta_in_z",
           "linear_attn.in_proj_b": "delta_in_b", "linear_attn.in_proj_a": "delta_in_a",
           "linear_attn.conv1d": "delta_conv", "linear_attn.norm": "delta_norm",
-          "linear_attn.out_proj": "delta_out_proj"}
+          "linear_attn.out_proj": "delta_out_proj",
+          # Qwen3-Next's, with q|k|v|z and b|a each in one projection, grouped by key head
+          "linear_attn.in_proj_qkvz": "delta_in_qkvz", "linear_attn.in_proj_ba": "delta_in_ba"}
 #: top-level tensors under another name (LFM2's final norm)
 _TOP = {"embedding_norm.weight": "norm.weight"}
 
@@ -126,7 +129,12 @@ _MOE = {
         "gate_up_proj_bias": ["gate_up_bias"], "down_proj_bias": ["down_bias"]}[rest[0]],
     "shared_experts": lambda rest: ["shared"] + rest,
     "shared_expert": lambda rest: ["shared"] + rest,
+    "shared_expert_gate": lambda rest: ["shared_gate"],                      # Qwen3-Next, Qwen3.5-MoE
 }
+#: Granite's experts (after "block_sparse_moe."), as the Hub's checkpoints name them and as
+#: transformers 5 holds them
+_GRANITE_MOE = {"input_linear.weight": "gate_up", "output_linear.weight": "down", "router.layer.weight": "router.weight",
+                "experts.gate_up_proj": "gate_up", "experts.down_proj": "down", "router.weight": "router.weight"}
 
 
 def _our_name(name: str, arch: Architecture) -> str | None:
@@ -145,6 +153,8 @@ def _our_name(name: str, arch: Architecture) -> str | None:
     if parts[0] == "layers" and len(parts) > 3:
         if parts[2] == "mlp" and parts[3] in _MOE:
             return ".".join(parts[:2] + ["moe"] + _MOE[parts[3]](parts[4:]))
+        if parts[2] == "block_sparse_moe" and ".".join(parts[3:]) in _GRANITE_MOE:
+            return f"layers.{parts[1]}.moe.{_GRANITE_MOE['.'.join(parts[3:])]}"
         module = parts[-2]
         parts[-2] = _NORMS[arch.norms].get(module) or _MODULES.get(module, module)
     return _TOP.get(name) or ".".join(parts)
@@ -163,6 +173,8 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
         w = w.transpose(-1, -2).contiguous()
     if arch.hf_experts == "interleaved" and name.endswith(("moe.gate_up", "moe.gate_up_bias")):
         return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1)
+    if name.endswith(("delta_in_qkvz.weight", "delta_in_ba.weight")):
+        return delta_ungrouped(w, c.delta, name.split(".")[-2].removeprefix("delta_in_"))
     if arch.norm_offset and name.endswith("norm.weight") and not name.endswith("delta_norm.weight"):
         # (the DeltaNet's gated norm multiplies by its weight as stored)
         return w.float() + arch.norm_offset

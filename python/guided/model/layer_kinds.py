@@ -46,6 +46,8 @@ class MoEConfig:
     num_groups: int = 1          # experts are chosen from the best `topk_groups` of these groups
     topk_groups: int = 1
     shared_intermediate_size: int = 0
+    #: the shared expert's output times σ(a learned linear of the input) (Qwen3-Next, Qwen3.5-MoE)
+    shared_expert_gate: bool = False
     #: per layer, whether it is a dense MLP instead (GLM's first layers, Qwen3-MoE's mlp_only_layers)
     dense_layers: tuple[bool, ...] = ()
     router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)

@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6, gpt-oss).
+"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6, gpt-oss, Granite, Qwen3-Next and Qwen3.5-MoE).
 
 A router scores every expert for every token and keeps the top k; each
 expert is a gated MLP (with biases in gpt-oss). The experts' weights are
@@ -38,6 +38,8 @@ class MoE(nn.Module):
         if m.shared_intermediate_size:
             self.shared_gate_up = _meta(2 * m.shared_intermediate_size, hidden)
             self.shared_down = _meta(hidden, m.shared_intermediate_size)
+        if m.shared_expert_gate:
+            self.shared_gate = _meta(1, hidden)
 
     def hold_blocks(self, gate_up: list[nn.Module], down: list[nn.Module]) -> None:
         """Run the experts on their quantized blocks (dtype="gguf"): per expert, a
@@ -95,5 +97,8 @@ class MoE(nn.Module):
         y = torch.zeros_like(x).index_add_(0, tokens, out)
         if self.config.shared_intermediate_size:
             gate, up = F.linear(x, self.shared_gate_up).chunk(2, dim=-1)
-            y = y + F.linear(self.glu(gate, up), self.shared_down)
+            shared = F.linear(self.glu(gate, up), self.shared_down)
+            if self.config.shared_expert_gate:
+                shared = shared * F.linear(x, self.shared_gate).sigmoid()
+            y = y + shared
         return y

@@ -102,6 +102,13 @@ def glm4_moe_gguf(get, base: dict) -> dict[str, Any]:
                              dense_layers=tuple(i < first for i in range(n)))}
 
 
+def granite_moe(experts: int, used: int, width: int, shared: int, n: int) -> MoEConfig:
+    """Granite's experts (GraniteMoeHybrid's block_sparse_moe): a softmax over the top k logits,
+    every layer, beside the shared MLP (the shared expert, `shared` wide, ungated)."""
+    return MoEConfig(experts, used, width, scoring="softmax_topk", norm_topk_prob=False,
+                     shared_intermediate_size=shared, dense_layers=(False,) * n)
+
+
 def gpt_oss_moe(experts: int, used: int, width: int, n: int) -> MoEConfig:
     return MoEConfig(experts, used, width, scoring="softmax_topk", norm_topk_prob=False,
                      router_linear_bias=True, expert_bias=True, dense_layers=(False,) * n)

@@ -37,6 +37,7 @@ class WeightSink:
     _QKV = ("q_proj", "k_proj", "v_proj")
     _GATE_UP = ("gate_proj", "up_proj")
     _DELTA_IN = ("delta_in_qkv", "delta_in_z", "delta_in_b", "delta_in_a")
+    _DELTA_IN_PAIRED = ("delta_in_qkvz", "delta_in_ba")
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
         self.config, self.dtype, self.device = config, dtype, device
@@ -72,11 +73,18 @@ class WeightSink:
         if module in self._DELTA_IN:   # q|k|v, z, b, a: one projection
             self._collect(f"{prefix}.delta_in_proj.{kind}", self._DELTA_IN, module, tensor)
             return
+        if module in self._DELTA_IN_PAIRED:   # Qwen3-Next's q|k|v|z and b|a, in that order already
+            self._collect(f"{prefix}.delta_in_proj.{kind}", self._DELTA_IN_PAIRED, module, tensor)
+            return
         if self.config.latent is not None and module in MLA_MODULES:
             self.state[f"{prefix}.mla.{module}.{kind}"] = tensor
             return
         if module not in LAYER_MODULES:
             raise ValueError(f"{name}: a weight this architecture's layers do not have")
+        if module in ("gate_up_proj", "down_proj") and self.config.is_moe(int(parts[1])):
+            # Granite's shared_mlp, a dense MLP beside the experts: their shared expert
+            self.state[f"{prefix}.moe.shared_{module.removesuffix('_proj')}"] = tensor
+            return
         if module in self._QKV:
             self._collect(f"{prefix}.qkv_proj.{kind}", self._QKV, module, tensor)
         elif module in self._GATE_UP:
