@@ -386,6 +386,9 @@ class QuantMatrix:
         """Whether the multi-row kernels run it (else ggml's one-row dot products)."""
     def dequantize(self, out: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float32]:
         """The dense [rows, cols] matrix: ggml's dequantized values, into ``out`` if given."""
+    def dequantize_rows(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """The rows ``ids`` dequantized, [len(ids), cols] (an embedding lookup); an id past the
+        last row is a ValueError naming it."""
 
 def packed_kernels() -> str:
     """The ISA the multi-row packed kernels run with here: "avx512_vnni", "avx2" (also

@@ -77,6 +77,23 @@ impl PyQuantMatrix {
         Ok(())
     }
 
+    /// The rows `ids` dequantized, float32 [len(ids), cols] (an embedding lookup); an id past the
+    /// last row is a ValueError naming it.
+    fn dequantize_rows<'py>(&self, py: Python<'py>, ids: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let ids = ids.as_slice().map_err(|_| PyValueError::new_err("ids must be a contiguous int64 array"))?;
+        let (rows, cols) = (self.inner.rows, self.inner.cols);
+        if let Some(bad) = ids.iter().find(|&&id| id < 0 || id as usize >= rows) {
+            return Err(PyValueError::new_err(format!("row {bad} of a matrix of {rows} rows")));
+        }
+        let mut out = vec![0f32; ids.len() * cols];
+        py.detach(|| {
+            for (row, &id) in out.chunks_exact_mut(cols.max(1)).zip(ids) {
+                self.inner.dequantize_row(id as usize, row);
+            }
+        });
+        Ok(out.into_pyarray(py).reshape([ids.len(), cols]).expect("ids × cols"))
+    }
+
     /// The dense float32 matrix [rows, cols], by ggml's dequantization: into `out` when given
     /// (a float32 C-contiguous array of rows × cols elements, reused by callers), else a new array.
     #[pyo3(signature = (out = None))]

@@ -125,12 +125,13 @@ def test_quant_linear_takes_the_kernel_for_every_row_count():
 def test_the_default_keeps_the_models_formats_and_tracks_fp32(llm):
     """LLM() on a CPU runs the GGUF's own blocks: Q4_1 layers and the Q8_0 output
     head tied to the embeddings, 8-bit activations as llama.cpp, no dense copy
-    of any quantized weight. Teacher-forced on the fp32 model's own greedy
+    of any quantized weight (the embeddings are looked up in the head's blocks,
+    ggml's values for each row). Teacher-forced on the fp32 model's own greedy
     continuations (48 tokens of each parity prompt), its next-token
     distributions stay the fp32 model's: the same top token at ≥ 90% of the
     positions, a mean KL divergence under 0.05 nats."""
     from guided import LLM, SamplingParams
-    from guided.model.quant_linear import QuantLinear
+    from guided.model.quant_linear import QuantEmbedding, QuantLinear
     from helpers.paged import PagedRunner
     from helpers.prompts import PROMPTS
     quantized = LLM(max_num_seqs=4, kv_cache_tokens=2048)
@@ -140,7 +141,13 @@ def test_the_default_keeps_the_models_formats_and_tracks_fp32(llm):
     assert len(layers) == 4 * quantized.loaded.config.num_layers + 1
     assert sum(m.nbytes for m in layers) < 100e6   # ~92 MB, where fp32 takes 540 MB
     dense = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
-    assert dense < 120e6   # the embedding table (113 MB) and the norms: no dense copy of a QuantLinear
+    assert dense < 1e6   # the norms: no dense copy of a QuantLinear, no dense embedding table (113 MB)
+    assert isinstance(model.embed_tokens, QuantEmbedding) and model.embed_tokens.matrix is model.lm_head.matrices[0]
+    ids = torch.tensor([[0, 17], [49151, 17]])
+    table = model.lm_head.matrices[0].dequantize()
+    assert torch.equal(model.embed_tokens(ids), torch.from_numpy(table[ids.numpy()]))
+    with pytest.raises(ValueError, match="row 49152 of a matrix of 49152 rows"):
+        model.embed_tokens(torch.tensor([49152]))
     agree, kl, n = 0, 0.0, 0
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=48,
                                                                          ignore_eos=True))):

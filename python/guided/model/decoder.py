@@ -197,8 +197,9 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")
-        self.embed_tokens.requires_grad_(False)
+        # a given (meta) table: nn.Embedding's random init on meta imports torch's decompositions (seconds)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _freeze=True,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size, device="meta"))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.arch.norm_kind == "layer")
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)

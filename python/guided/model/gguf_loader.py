@@ -120,9 +120,6 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             _kv_b(sink, halves, name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
             continue
         keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
-        if keep_blocks and name == "embed_tokens.weight":
-            sink.tied_head = _quant_weight(gguf, info)  # the lm_head when the embeddings are tied
-            keep_blocks = False
         w = _quant_weight(gguf, info) if keep_blocks else \
             _as_ours(name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
         blocks = w.blocks if keep_blocks else w
@@ -183,7 +180,8 @@ def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo],
             "attention_factor": md.get(f"{arch}.rope.scaling.attn_factor")}
 
 
-# the weights a QuantLinear can hold: every projection, the output head and the (tied) embeddings
+# the weights a QuantLinear can hold: every projection and the output head; the embeddings stay
+# in their blocks too (a QuantEmbedding, the head's matrix where the two are tied)
 _LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight",
                    "moe.gate_exps", "moe.up_exps", "moe.down_exps")
 

@@ -23,7 +23,7 @@ from .. import _native
 from .cpu_linear import PackedLinear
 from .decoder import CausalLM, DecoderLayer
 from .moe import MoE
-from .quant_linear import QuantLinear
+from .quant_linear import QuantEmbedding, QuantLinear
 
 #: LLM(cpu_step=...): "auto" runs natively where the model can, "native" insists, "torch" keeps decoder.py
 CPU_STEPS = ("auto", "native", "torch")
@@ -97,11 +97,10 @@ def _spec(model: CausalLM) -> _native.NativeSpec:
 
 
 def _embedding(model: CausalLM):
-    """The token table: the output head's quantized rows where the two are tied (what the
-    loader dequantized the embeddings from), else the float table, read in place."""
-    head = model.lm_head
-    if model.config.tie_word_embeddings and isinstance(head, QuantLinear) and len(head.matrices) == 1:
-        return head.matrices[0]
+    """The token table: its GGUF blocks where the loader kept them (the output head's matrix
+    where the two are tied), else the float table, read in place."""
+    if isinstance(model.embed_tokens, QuantEmbedding):
+        return model.embed_tokens.matrix
     return _array(model.embed_tokens.weight)
 
 

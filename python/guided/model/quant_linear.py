@@ -56,6 +56,21 @@ class QuantWeight:
         return QuantWeight(parts[0].ggml_type, parts[0].cols, torch.cat([p.blocks for p in parts]))
 
 
+class QuantEmbedding(nn.Module):
+    """A token table kept in its GGUF blocks: each looked-up row dequantized by ggml's
+    routine, the values a dense table dequantized from the same blocks holds. Where the
+    embeddings are tied, the output head's QuantLinear holds the same matrix."""
+
+    def __init__(self, matrix: _native.QuantMatrix, dtype: torch.dtype):
+        super().__init__()
+        self.matrix, self.dtype = matrix, dtype
+        self.num_embeddings, self.embedding_dim = matrix.rows, matrix.cols
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.matrix.dequantize_rows(ids.reshape(-1).to(torch.int64).numpy())
+        return torch.from_numpy(rows).view(*ids.shape, self.embedding_dim).to(self.dtype)
+
+
 class QuantLinear(nn.Module):
     """One matrix, or several stacked by rows where a fused layer's parts
     differ in format (Gemma 3's q and k in Q5_0 with v in Q8_0).

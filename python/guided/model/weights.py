@@ -5,7 +5,7 @@ import torch
 
 from .config import ModelConfig
 from .decoder import CausalLM
-from .quant_linear import QuantLinear, QuantWeight
+from .quant_linear import QuantEmbedding, QuantLinear, QuantWeight
 
 
 #: a GGUF's 3-D expert tensors, which may stay in their blocks (moe.MoE.hold_blocks)
@@ -47,8 +47,6 @@ class WeightSink:
         self._experts: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
         #: per layer, a GGUF's 3-D expert blocks [E, rows, row_bytes] (dtype="gguf"), by _EXPERT_BLOCKS
         self._expert_blocks: dict[str, dict[str, QuantWeight]] = {}
-        #: the output head's blocks where it is tied to quantized embeddings (held dense for lookup)
-        self.tied_head: QuantWeight | None = None
 
     def add(self, name: str, tensor: torch.Tensor | QuantWeight) -> None:
         if isinstance(tensor, torch.Tensor):
@@ -165,7 +163,7 @@ class WeightSink:
         c.mlp_bias = c.mlp_bias or "layers.0.gate_up_proj.bias" in self.state
         c.qk_norm = c.qk_norm or ("head" if f"layers.{first}.q_norm.weight" in self.state else None)
         if "lm_head.weight" not in self.state:
-            self.state["lm_head.weight"] = self.tied_head or self.state["embed_tokens.weight"]
+            self.state["lm_head.weight"] = self.state["embed_tokens.weight"]
             self.config.tie_word_embeddings = True
         experts = self._quant_experts()
         model = CausalLM(self.config)
@@ -198,13 +196,19 @@ class WeightSink:
         return held
 
     def _quant_linears(self, model: CausalLM) -> None:
-        """Put a QuantLinear where the state holds a QuantWeight (or a stack of them in several formats)."""
+        """Put a QuantLinear where the state holds a QuantWeight (or a stack of them in several
+        formats), a QuantEmbedding for quantized embeddings (one matrix with a head tied to them)."""
         quantized = {name: self.state.pop(name) for name, w in list(self.state.items())
                      if isinstance(w, (QuantWeight, list))}
+        held: dict[int, object] = {}   # the blocks are copied into Rust once (and repacked there)
         for name, weight in quantized.items():
+            if id(weight) not in held:
+                held[id(weight)] = [w.matrix() for w in weight] if isinstance(weight, list) else weight.matrix()
+            matrices = held[id(weight)]
+            if name == "embed_tokens.weight":
+                model.embed_tokens = QuantEmbedding(matrices, self.dtype)
+                continue
             parent, _, child = name.removesuffix(".weight").rpartition(".")
             owner = model.get_submodule(parent) if parent else model
             bias = getattr(owner, child).bias is not None
-            # the blocks are copied into Rust once (and repacked there)
-            matrices = [w.matrix() for w in weight] if isinstance(weight, list) else weight.matrix()
             setattr(owner, child, QuantLinear(matrices, bias, precise=name == "lm_head.weight"))
