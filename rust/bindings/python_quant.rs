@@ -17,11 +17,14 @@ pub struct PyQuantMatrix {
 
 #[pymethods]
 impl PyQuantMatrix {
-    /// `data`: the GGUF tensor's bytes as stored (rows contiguous); copied.
+    /// `data`: the GGUF tensor's bytes as stored (rows contiguous); repacked, or copied where the
+    /// format has no packing.
     #[new]
-    fn new(ggml_type: u32, rows: usize, cols: usize, data: PyReadonlyArray1<'_, u8>) -> PyResult<Self> {
-        let bytes = data.as_slice().map_err(|_| PyValueError::new_err("data must be a contiguous uint8 array"))?.to_vec();
-        QuantMatrix::new(ggml_type, rows, cols, bytes).map(|inner| PyQuantMatrix { inner: Arc::new(inner) }).map_err(PyValueError::new_err)
+    fn new(py: Python<'_>, ggml_type: u32, rows: usize, cols: usize, data: PyReadonlyArray1<'_, u8>) -> PyResult<Self> {
+        let bytes = data.as_slice().map_err(|_| PyValueError::new_err("data must be a contiguous uint8 array"))?;
+        py.detach(|| QuantMatrix::new(ggml_type, rows, cols, bytes))
+            .map(|inner| PyQuantMatrix { inner: Arc::new(inner) })
+            .map_err(PyValueError::new_err)
     }
 
     /// A float32 [rows, cols] matrix in format `ggml_type`, by ggml's reference quantizer.

@@ -16,6 +16,7 @@
 //! one this CPU runs, once. Where none does (not x86, or no AVX2),
 //! [`available`] is false and callers keep dense weights.
 
+use std::borrow::Cow;
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
@@ -222,7 +223,10 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    pub fn new(ty: u32, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, String> {
+    /// `data`: the rows as ggml stores them; borrowed where the format packs (the packing is a
+    /// new layout), kept as given where it does not.
+    pub fn new<'a>(ty: u32, rows: usize, cols: usize, data: impl Into<Cow<'a, [u8]>>) -> Result<Self, String> {
+        let data = data.into();
         let format = FORMATS.iter().position(|f| f.0 == ty).ok_or_else(|| {
             let names: Vec<&str> = FORMATS.iter().map(|f| f.1).collect();
             format!("ggml type {ty} has no quantized CPU kernel here (supported: {})", names.join(", "))
@@ -249,7 +253,7 @@ impl QuantMatrix {
         }
         let storage = match PackedMatrix::pack(ty, rows, cols, &data, row_bytes) {
             Some(packed) => Storage::Packed(packed),
-            None => Storage::Ggml(data),
+            None => Storage::Ggml(data.into_owned()),
         };
         Ok(QuantMatrix { storage, format, rows, cols, row_bytes, act })
     }

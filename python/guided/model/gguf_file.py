@@ -19,6 +19,7 @@ _MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")   # a string's byte count
 
 
 @dataclass
@@ -39,10 +40,17 @@ class _Cursor:
         return value
 
     def string(self) -> str:
-        n = self.scalar("<Q")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
-        self.pos += n
-        return s
+        return self.strings(1)[0]
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary's hundreds of thousands: one tight loop)."""
+        buf, pos, length, out = self.buf, self.pos, _LENGTH.unpack_from, []
+        for _ in range(count):
+            n = length(buf, pos)[0]
+            out.append(buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
+            pos += 8 + n
+        self.pos = pos
+        return out
 
     def value(self, kind: int):
         if kind == _STRING:
@@ -50,7 +58,7 @@ class _Cursor:
         if kind == _ARRAY:
             item, count = self.scalar("<I"), self.scalar("<Q")
             if item == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if item == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(count)]
             arr = np.frombuffer(self.buf, dtype=_NUMPY[item], count=count, offset=self.pos)
