@@ -178,6 +178,12 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+    # Nemotron-H: blocks of one sublayer each, Mamba-2 (8 heads of 16 in 2 groups), relu² MLPs without a
+    # gate, and attention without rotation, in its own order (transformers 5's layers_block_type; the Hub's
+    # hybrid_override_pattern "M-*M-" is the same)
+    "nemotron_h": lambda: transformers.NemotronHConfig(**_tiny(num_hidden_layers=None, tie_word_embeddings=False,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"],
+        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, intermediate_size=96)),
     # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
     "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
         tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),

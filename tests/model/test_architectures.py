@@ -58,7 +58,8 @@ NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window"
            "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
            "qwen3_5": "no reader yet for llama.cpp's qwen35 tensors",
            "qwen3_5_moe": "no reader yet for llama.cpp's qwen35moe tensors",
-           "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors"}
+           "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors",
+           "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors"}
 
 
 def _prompt_lengths(arch: str) -> tuple[int, ...]:

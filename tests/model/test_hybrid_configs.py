@@ -6,7 +6,9 @@ its experts' intermediate_size once failed to load). Here hypothesis draws small
 configs over the fields the loaders read, for Granite 4.0-H (Mamba-2 layers, experts
 or none, rotation or none, the Hub's and transformers 5's spellings of layer_types),
 Granite 3's experts, Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (Gated DeltaNet head shapes,
-experts, dense layers) and LFM2 (its MLP width adjustment, kernel, biases). A config
+experts, dense layers), Nemotron-H (block orders, Mamba-2 shapes, biases, dt's floor, the
+Hub's hybrid_override_pattern or transformers 5's layers_block_type) and LFM2 (its MLP
+width adjustment, kernel, biases). A config
 transformers' own validation refuses is not drawn. Each one is built by transformers,
 randomised, saved as a checkpoint, loaded by guided, and its last logits compared
 with transformers' within the tolerance of the fixed rows.
@@ -110,6 +112,33 @@ def qwen3_5(draw, kind: str):
 
 
 @st.composite
+def nemotron_h(draw):
+    n = draw(st.integers(2, 5))
+    types = draw(st.lists(st.sampled_from(["linear_attention", "mlp", "full_attention"]), min_size=n, max_size=n))
+    types[draw(st.integers(0, n - 1))] = "full_attention"
+    groups = draw(st.sampled_from([1, 2]))
+    return transformers.NemotronHConfig(
+        **_common(draw, 64), num_hidden_layers=None, head_dim=draw(st.sampled_from([16, 32])), layers_block_type=types,
+        intermediate_size=draw(st.sampled_from([64, 96])), mamba_num_heads=groups * draw(st.sampled_from([2, 4])),
+        mamba_head_dim=draw(st.sampled_from([8, 16])), ssm_state_size=draw(st.sampled_from([8, 16])),
+        n_groups=groups, conv_kernel=draw(st.integers(2, 4)), use_conv_bias=draw(st.booleans()),
+        use_bias=draw(st.booleans()), attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+        time_step_min=draw(st.sampled_from([0.5, 0.05, 0.001])), time_step_max=1.0)
+
+
+#: Nemotron-H's block characters in the Hub configs' hybrid_override_pattern
+_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+
+
+def _hub_spelling(directory: str, saved: dict) -> None:
+    """Rewrite a saved Nemotron-H config as the published ones say it: the pattern and a layer count."""
+    types = saved.pop("layers_block_type")
+    saved.update(hybrid_override_pattern="".join(_PATTERN[t] for t in types), num_hidden_layers=len(types))
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(saved, f)
+
+
+@st.composite
 def lfm2(draw):
     n = draw(st.integers(2, 4))
     auto = draw(st.booleans())
@@ -134,7 +163,8 @@ def _valid(draw_config):
 
 
 FAMILIES = {"granite_hybrid": granite_hybrid, "granite_moe": granite_moe, "qwen3_5": partial(qwen3_5, "dense"),
-            "qwen3_5_moe": partial(qwen3_5, "moe"), "qwen3_next": partial(qwen3_5, "next"), "lfm2": lfm2}
+            "qwen3_5_moe": partial(qwen3_5, "moe"), "qwen3_next": partial(qwen3_5, "next"), "lfm2": lfm2,
+            "nemotron_h": nemotron_h}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -147,6 +177,8 @@ def test_generated_hybrid_configs_match_transformers(family, data, seed):
         hf = save_tiny(directory, config, transformers.AutoModelForCausalLM.from_config, [VOCAB - 1]).float()
         with open(os.path.join(directory, "config.json")) as f:
             saved = json.load(f)
+        if family == "nemotron_h" and data.draw(st.booleans(), label="hub spelling"):
+            _hub_spelling(directory, saved)
         loaded = load_model(directory, dtype=torch.float32)
         ids = torch.randint(0, VOCAB - 3, (19,), generator=torch.Generator().manual_seed(seed)).tolist()
         with torch.no_grad():

@@ -28,6 +28,11 @@ What each field means:
 - ``activation``: the gated MLP's f(gate, up): "silu" (f = silu(gate)·up),
   "gelu_tanh" (Gemma), or "swiglu_oai" (gpt-oss: gate clamped above and up
   on both sides at ModelConfig.swiglu_limit, then (up + 1)·gate·σ(α·gate)).
+- ``ungated``: the MLP has no gate, down(f(up(x))), with this f: "relu2",
+  ReLU squared (Nemotron-H).
+- ``one_sublayer``: each layer is a mixer or an MLP, not both, behind its one
+  norm (Nemotron-H's blocks): "mlp" layers hold the MLP alone, the others
+  their mixer alone.
 - ``sinks``: each head has a learned logit that joins its attention
   softmax and is dropped after (gpt-oss's attention sinks): a per-layer
   parameter ``sinks`` [heads]; those layers attend in plain torch.
@@ -48,9 +53,10 @@ their output: ``attention_gate``), Mamba-2 and Gated DeltaNet mixers
 (model/mamba.py, delta_net.py) whose state lives in a slot per sequence,
 snapshots of it serving the prefix cache (model/state_pool.py). A row with a
 ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends with
-multi-head latent attention (model/latent_attention.py). Out of scope:
-Nemotron-H's and Falcon-H1's blocks ("linear" layers of other architectures are
-refused).
+multi-head latent attention (model/latent_attention.py). Nemotron-H's blocks
+are one sublayer each (``one_sublayer``): Mamba-2, attention without rotation,
+or a relu² MLP. Out of scope: Nemotron-H's expert layers, Falcon-H1's blocks
+("linear" layers of other architectures are refused).
 """
 from __future__ import annotations
 
@@ -58,7 +64,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from .layer_kinds import Activation, DeltaNetConfig, MambaConfig, NormKind, NormPlacement, QkNorm, check_feature
+from .layer_kinds import (Activation, DeltaNetConfig, MambaConfig, NormKind, NormPlacement, QkNorm,
+                          UngatedActivation, check_feature)
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
                           gpt_oss_hf, granite_moe, qwen3_moe_gguf, qwen3_moe_hf)
 
@@ -79,6 +86,8 @@ class Architecture:
     qkv_bias: bool = False          # always, whatever the config says (Qwen2)
     output_bias: bool = True        # o_proj has a bias where q, k and v have (not in Qwen2, GLM)
     activation: Activation = "silu"
+    ungated: UngatedActivation | None = None
+    one_sublayer: bool = False
     norm_offset: float = 0.0
     interleaved_rope: bool = False
     gguf_permuted_qk: bool = False
@@ -95,7 +104,7 @@ class Architecture:
 
     def __post_init__(self):
         for field, kind in (("norms", NormPlacement), ("norm_kind", NormKind), ("qk_norm", QkNorm),
-                            ("activation", Activation)):
+                            ("activation", Activation), ("ungated", UngatedActivation)):
             check_feature(f"{self.name}: {field}", getattr(self, field), kind)
 
 
@@ -282,6 +291,29 @@ def _qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
     return out
 
 
+#: Nemotron-H's hybrid_override_pattern: a character per block
+_NEMOTRON_BLOCKS = {"M": "mamba", "*": "full", "-": "mlp", "E": "moe"}
+
+
+def _nemotron_h_hf(cfg: dict, base: dict) -> dict[str, Any]:
+    # the blocks by the Hub configs' pattern, or transformers 5's layers_block_type (read as layer_types)
+    pattern = cfg.get("hybrid_override_pattern")
+    types = tuple(_NEMOTRON_BLOCKS[ch] for ch in pattern) if pattern else \
+        tuple("mamba" if t == "linear" else t for t in base.get("layer_types") or ())
+    if "moe" in types:
+        raise ValueError("nemotron_h: expert layers (Nemotron 3's \"E\" blocks) are not supported yet")
+    mamba = MambaConfig(int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg["ssm_state_size"]),
+                        int(cfg.get("n_groups", 1)), int(cfg.get("conv_kernel", 4)),
+                        bool(cfg.get("use_conv_bias", True)), bool(cfg.get("use_bias", False)),
+                        # dt floored at time_step_min, no upper limit: transformers' chunked scan (its
+                        # prefill) does so, its one-token update not; here every step does
+                        float(cfg.get("time_step_min", 0.0)), float("inf"))
+    # transformers' attention has no biases whatever attention_bias says (use_bias is the mixer's)
+    return {"layer_types": types, "num_layers": len(types), "mamba": mamba, "rope_layers": (None,) * len(types),
+            "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)), "attention_bias": False,
+            "output_bias": False, "mlp_bias": bool(cfg.get("mlp_bias", False))}
+
+
 def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every other layer slides, the first among them
     n = int(get("block_count"))
@@ -344,6 +376,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     # Qwen3.5's layers with Qwen3-Next's projections (Gated DeltaNet's grouped by key head)
     Architecture("qwen3_next", ("Qwen3NextForCausalLM",), qk_norm="head", norm_offset=1.0, attention_gate=True,
                  read_hf=_qwen3_5_hf),
+    Architecture("nemotron_h", ("NemotronHForCausalLM",), ungated="relu2", one_sublayer=True,
+                 read_hf=_nemotron_h_hf),
     Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),

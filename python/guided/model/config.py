@@ -71,6 +71,8 @@ class ModelConfig:
                              f"for this architecture (guided runs Granite 4.0-H's Mamba-2 layers and LFM2's)")
         if "mamba" in self.layer_types and self.mamba is None or "delta" in self.layer_types and self.delta is None:
             raise ValueError(f"{self.architecture}: recurrent layers without their mixer's numbers")
+        if "mlp" in self.layer_types and not self.arch.one_sublayer:
+            raise ValueError(f"{self.architecture}: MLP-only layers in an architecture whose layers have a mixer")
         if "conv" in self.layer_types and self.conv_kernel < 1:
             raise ValueError(f"{self.architecture}: convolution layers without a kernel size")
 
@@ -86,6 +88,15 @@ class ModelConfig:
 
     def is_mamba(self, layer: int) -> bool:
         return self.layer_types[layer] == "mamba"
+
+    def has_mixer(self, layer: int) -> bool:
+        """Whether the layer mixes tokens (attention, a convolution, a recurrent mixer): all but "mlp" layers."""
+        return self.layer_types[layer] != "mlp"
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether the layer has an MLP (or experts) after its mixer: every layer, but where the
+        architecture's layers are one sublayer each (Nemotron-H), only the "mlp" ones."""
+        return not self.arch.one_sublayer or not self.has_mixer(layer)
 
     def is_recurrent(self, layer: int) -> bool:
         """A layer whose state is not per token (Mamba-2, Gated DeltaNet): a StatePool row."""
@@ -113,7 +124,7 @@ class ModelConfig:
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // heads
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-        types = cfg.get("layer_types")
+        types = cfg.get("layer_types") or cfg.get("layers_block_type")   # (Nemotron-H's name)
         if types:
             other = sorted(set(types) - set(_LAYER_TYPES))
             if other:
@@ -129,7 +140,7 @@ class ModelConfig:
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg.get("intermediate_size") or cfg.get("shared_intermediate_size"),
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=cfg.get("num_hidden_layers") or len(types or ()),
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=head_dim,
@@ -202,7 +213,9 @@ class ModelConfig:
 _LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attention": "sliding", "conv": "conv",
                 # recurrent: Granite 4's "mamba" (transformers 5 says "linear_attention"), which the
                 # architecture's reader takes as Mamba-2 layers where it has them
-                "mamba": "linear", "linear_attention": "linear"}
+                "mamba": "linear", "linear_attention": "linear",
+                # an MLP alone (Nemotron-H's blocks; architectures whose layers are one sublayer each)
+                "mlp": "mlp"}
 
 
 def _partial_rotary(cfg: dict) -> float:

@@ -61,8 +61,16 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float)
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Nemotron-H's MLP activation: ReLU, squared."""
+    return F.relu(x).square()
+
+
 def gated_activation(c: ModelConfig):
-    """The gated MLP's f(gate, up), by the architecture's `activation`."""
+    """The gated MLP's f(gate, up), by the architecture's `activation` (an MLP without a
+    gate: its f(up), by `ungated`)."""
+    if c.arch.ungated == "relu2":
+        return relu2
     kind = c.arch.activation
     if kind == "silu":
         return lambda gate, up: F.silu(gate) * up
@@ -110,7 +118,7 @@ class DecoderLayer(nn.Module):
             self.conv_out_proj = _linear(c.hidden_size, c.hidden_size, c.conv_bias)
         elif self.mla is not None:
             self.o_proj = _linear(c.num_heads * c.latent.v_dim, c.hidden_size, c.output_bias)
-        else:
+        elif c.has_mixer(index):
             q_width = self.q_size * (2 if self.output_gate else 1)
             self.qkv_proj = _linear(c.hidden_size, q_width + 2 * self.kv_size, c.attention_bias)
             self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
@@ -118,21 +126,29 @@ class DecoderLayer(nn.Module):
         self.sinks = nn.Parameter(torch.empty(c.num_heads, device="meta"), requires_grad=False) \
             if arch.sinks else None
         self.qk_norm, self.qk_norm_after_rope = c.qk_norm, arch.qk_norm_after_rope
-        if c.qk_norm and self.conv is None and self.mla is None and self.mamba is None and self.delta is None:
+        self.has_mixer, self.has_mlp = c.has_mixer(index), c.has_mlp(index)
+        if c.qk_norm and hasattr(self, "qkv_proj"):
             head = c.qk_norm == "head"
             self.q_norm = RMSNorm(c.head_dim if head else self.q_size, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim if head else self.kv_size, c.rms_norm_eps)
-        self.moe = MoE(c.moe, c.hidden_size, self.glu) if c.is_moe(index) else None
-        if self.moe is None:
-            self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
+        self.moe = MoE(c.moe, c.hidden_size, self.glu) if c.is_moe(index) and self.has_mlp else None
+        #: the MLP: gate|up then down, or (Nemotron-H) up then down
+        self.gated = arch.ungated is None
+        if self.moe is None and self.has_mlp:
+            if self.gated:
+                self.gate_up_proj = _linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias)
+            else:
+                self.up_proj = _linear(c.hidden_size, c.intermediate_size, c.mlp_bias)
             self.down_proj = _linear(c.intermediate_size, c.hidden_size, c.mlp_bias)
         # "pre": norm → sublayer; "post": sublayer → norm; "sandwich": both; "parallel":
         # one norm before attention and the MLP side by side
         self.parallel = arch.norms == "parallel"
         self.norm_in = arch.norms in ("pre", "sandwich", "parallel")
         self.norm_out = arch.norms in ("post", "sandwich")
-        for name, present in (("attn_norm", self.norm_in), ("mlp_norm", self.norm_in and not self.parallel),
-                              ("attn_post_norm", self.norm_out), ("mlp_post_norm", self.norm_out)):
+        mixer, mlp = self.has_mixer, self.has_mlp
+        for name, present in (("attn_norm", self.norm_in and mixer),
+                              ("mlp_norm", self.norm_in and not self.parallel and mlp),
+                              ("attn_post_norm", self.norm_out and mixer), ("mlp_post_norm", self.norm_out and mlp)):
             if present:
                 setattr(self, name, RMSNorm(c.hidden_size, c.rms_norm_eps, arch.norm_kind == "layer"))
         #: the sum over tensor-parallel ranks of o_proj's and down_proj's partial outputs
@@ -141,26 +157,35 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rotary: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: KVCache,
                 plan: AttentionPlan, conv_slots: torch.Tensor | None = None, states: StateStep | None = None):
-        normed = self.attn_norm(x) if self.norm_in else x
-        if self.mamba is not None:
-            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
-            h = self.mamba_out_proj(mixed)
-        elif self.delta is not None:
-            mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
-            h = self.delta_out_proj(mixed)
-        elif self.conv is not None:
-            mixed = self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots)
-            h = self.conv_out_proj(mixed)
-        elif self.mla is not None:
-            h = self.reduce(self.o_proj(self.mla(normed, rotary[self.rope], kv_cache[0], plan)))
-        else:
-            h = self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
-        x = x + self._out(h, "attn_post_norm")
+        normed = self.attn_norm(x) if self.norm_in and self.has_mixer else x
+        if self.has_mixer:
+            x = x + self._out(self._mix(normed, rotary, kv_cache, plan, conv_slots, states), "attn_post_norm")
+        if not self.has_mlp:
+            return x
         h = normed if self.parallel else self.mlp_norm(x) if self.norm_in else x
         if self.moe is not None:
-            return x + self._out(self.reduce(self.moe(h)), "mlp_post_norm")
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + self._out(self.reduce(self.down_proj(self.glu(gate, up))), "mlp_post_norm")
+            out = self.moe(h)
+        elif self.gated:
+            gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+            out = self.down_proj(self.glu(gate, up))
+        else:
+            out = self.down_proj(self.glu(self.up_proj(h)))
+        return x + self._out(self.reduce(out), "mlp_post_norm")
+
+    def _mix(self, normed, rotary, kv_cache: KVCache, plan: AttentionPlan, conv_slots, states) -> torch.Tensor:
+        """The mixer's output for the normed input: attention, latent attention, a convolution
+        or a recurrent mixer."""
+        if self.mamba is not None:
+            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
+            return self.mamba_out_proj(mixed)
+        if self.delta is not None:
+            mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
+            return self.delta_out_proj(mixed)
+        if self.conv is not None:
+            return self.conv_out_proj(self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots))
+        if self.mla is not None:
+            return self.reduce(self.o_proj(self.mla(normed, rotary[self.rope], kv_cache[0], plan)))
+        return self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
 
     def _out(self, h: torch.Tensor, norm: str) -> torch.Tensor:
         if self.norm_out:
@@ -278,7 +303,9 @@ def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int, dty
 
 def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> tuple[tuple[int, int], ...]:
     """A token's (K, V) in layer `layer`: [kv_heads, head_dim] each; a "conv" layer's B·x and a
-    latent-attention layer's entry (latent and rotary key) in K, V empty."""
+    latent-attention layer's entry (latent and rotary key) in K, V empty; nothing for an MLP alone."""
+    if not config.has_mixer(layer):
+        return (1, 0), (1, 0)
     if config.is_conv(layer):
         return (1, config.hidden_size), (1, 0)
     if config.is_mamba(layer):

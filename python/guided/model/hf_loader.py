@@ -86,7 +86,8 @@ def _tensors(handles, dtype: torch.dtype) -> list[tuple[str, Callable[[], torch.
 
 #: where a multimodal checkpoint keeps its text model's tensors (Mistral 3, Gemma 3; transformers 5
 #: saves "model.language_model.", earlier versions "language_model.model.")
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
+_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.",
+                  "backbone.")   # Nemotron-H
 _NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_emb.", "visual.", "mtp.")
 #: HF's per-layer module names that are not ours, by the architecture's norm placement
 _NORMS = {
@@ -97,6 +98,7 @@ _NORMS = {
                  "pre_feedforward_layernorm": "mlp_norm", "post_feedforward_layernorm": "mlp_post_norm"},
 }
 _MODULES = {"query_layernorm": "q_norm", "key_layernorm": "k_norm",           # Hunyuan
+            "mixer": "mamba",                                                 # Nemotron-H's A_log, D, dt_bias
             "input_linear": "gate_up_proj", "output_linear": "down_proj",     # Granite 4's shared MLP
             "q_a_layernorm": "q_a_norm", "kv_a_layernorm": "kv_a_norm",       # DeepSeek V3's latent attention
             "kv_a_proj_with_mqa": "kv_a_proj"}
@@ -109,6 +111,9 @@ _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           # Granite 4.0-H's Mamba-2 layers
           "mamba.in_proj": "mamba_in_proj", "mamba.out_proj": "mamba_out_proj", "mamba.conv1d": "mamba_conv",
           "mamba.norm": "mamba_norm",
+          # Nemotron-H's: every block's sublayer is its "mixer" (these four in its Mamba-2 blocks)
+          "mixer.in_proj": "mamba_in_proj", "mixer.out_proj": "mamba_out_proj", "mixer.conv1d": "mamba_conv",
+          "mixer.norm": "mamba_norm",
           # Qwen3.5's Gated DeltaNet layers
           "linear_attn.in_proj_qkv": "delta_in_qkv", "linear_attn.in_proj_z": "delta_in_z",
           "linear_attn.in_proj_b": "delta_in_b", "linear_attn.in_proj_a": "delta_in_a",
@@ -117,7 +122,8 @@ _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           # Qwen3-Next's, with q|k|v|z and b|a each in one projection, grouped by key head
           "linear_attn.in_proj_qkvz": "delta_in_qkvz", "linear_attn.in_proj_ba": "delta_in_ba"}
 #: top-level tensors under another name (LFM2's final norm)
-_TOP = {"embedding_norm.weight": "norm.weight"}
+_TOP = {"embedding_norm.weight": "norm.weight",
+        "embeddings.weight": "embed_tokens.weight", "norm_f.weight": "norm.weight"}   # Nemotron-H's
 
 
 #: a mixture-of-experts MLP's tensors (after "mlp."): the router ("gate"), the experts, a shared expert

@@ -20,6 +20,8 @@ NormKind = Literal["rms", "layer"]
 QkNorm = Literal["head", "full"]
 #: the gated MLP's activation: SiLU, tanh-approximated GELU (Gemma), gpt-oss's clamped SwiGLU
 Activation = Literal["silu", "gelu_tanh", "swiglu_oai"]
+#: an MLP without a gate, down(f(up(x))), and its f: squared ReLU (Nemotron-H); the torch step's only
+UngatedActivation = Literal["relu2"]
 #: how a router's logits choose experts (MoEConfig.scoring)
 Scoring = Literal["softmax", "softmax_topk", "sigmoid"]
 

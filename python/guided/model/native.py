@@ -64,6 +64,8 @@ def native_decoder(model: nn.Module, device: torch.device, caches) -> NativeStep
         raise NotNative("a tensor-parallel rank runs decoder.py")
     if model.config.mamba is not None or model.config.delta is not None:
         raise NotNative("recurrent layers (Granite 4.0-H's Mamba-2, Qwen3.5's Gated DeltaNet) have no native step yet")
+    if model.config.arch.ungated is not None:
+        raise NotNative("an MLP without a gate (Nemotron-H) has no native step yet")
     if model.config.arch.attention_gate:
         raise NotNative("gated attention (Qwen3.5) has no native step yet")
     if model.config.latent is not None:

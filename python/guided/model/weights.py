@@ -74,6 +74,8 @@ class WeightSink:
         if module in self._DELTA_IN_PAIRED:   # Qwen3-Next's q|k|v|z and b|a, in that order already
             self._collect(f"{prefix}.delta_in_proj.{kind}", self._DELTA_IN_PAIRED, module, tensor)
             return
+        if module == "norm":   # a layer's one norm (Nemotron-H's blocks): its mixer's, or its MLP's
+            module = "attn_norm" if self.config.has_mixer(int(parts[1])) else "mlp_norm"
         if self.config.latent is not None and module in MLA_MODULES:
             self.state[f"{prefix}.mla.{module}.{kind}"] = tensor
             return
@@ -85,7 +87,7 @@ class WeightSink:
             return
         if module in self._QKV:
             self._collect(f"{prefix}.qkv_proj.{kind}", self._QKV, module, tensor)
-        elif module in self._GATE_UP:
+        elif module in self._GATE_UP and self.config.arch.ungated is None:
             self._collect(f"{prefix}.gate_up_proj.{kind}", self._GATE_UP, module, tensor)
         else:
             self.state[f"{prefix}.{module}.{kind}"] = tensor
