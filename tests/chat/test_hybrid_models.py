@@ -8,8 +8,10 @@ their family's markers and template (helpers/family_model.py):
   blocks). Its convolutions keep each token's input in the paged cache
   (model/short_conv.py), so the prefix cache and speculation hold for it;
 - Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation)
-  and Qwen3.5 (three Gated DeltaNet layers and one gated attention layer,
-  with the Qwen3 family's template), as HF directories, on the torch step.
+  Qwen3.5 (three Gated DeltaNet layers and one gated attention layer,
+  with the Qwen3 family's template) and Nemotron-H (Nemotron Nano 2's
+  template; Mamba-2, MLP-only and attention blocks), as HF directories, on
+  the torch step.
   Their recurrent state lives in a slot per sequence (model/state_pool.py):
   the prefix cache serves it from snapshots of the state at block
   boundaries, and speculative decoding, whose refused drafts no state can
@@ -22,7 +24,7 @@ What a user of a hybrid model notices:
   gives the tokens an engine without the cache gives;
 - a JSON-schema answer validates, at every budget;
 - speculative decoding gives every turn the tokens it gave without (LFM2),
-  or is refused by name at the request (Granite 4.0-H, Qwen3.5);
+  or is refused by name at the request (Granite 4.0-H, Qwen3.5, Nemotron-H);
 - a KV pool too small for the batch preempts sequences, every answer is the
   roomy engine's, and the blocks and state slots all come back.
 """
@@ -48,7 +50,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 #: family → (its model's layer kinds, its tool format, whether it is an HF directory, how it loads)
 HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), "lfm2", False, {}),
            "granite": (("mamba", "mamba", "full", "mamba"), "granite", True, {"dtype": "float32"}),
-           "qwen3": (("delta", "delta", "full", "delta"), "hermes", True, {"dtype": "float32"})}
+           "qwen3": (("delta", "delta", "full", "delta"), "hermes", True, {"dtype": "float32"}),
+           "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"})}
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))
@@ -123,7 +126,8 @@ def test_a_json_schema_answer_validates_at_any_budget(hybrid, max_tokens):
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=max_tokens,
                             structured_outputs={"json": PERSON})
     [out] = hybrid[2].chat([{"role": "user", "content": "A person as JSON."}], params, use_tqdm=False)
-    jsonschema.validate(json.loads(out.outputs[0].text), PERSON)
+    # the answer, past any reasoning (Nemotron Nano 2's template opens its <think> block)
+    jsonschema.validate(json.loads(out.outputs[0].content), PERSON)
 
 
 def test_speculative_decoding_changes_no_token_or_is_refused_by_name(hybrid, loop):

@@ -23,7 +23,8 @@ from .tiny_models import ARCHITECTURES, randomise
 #: positions enough for a four-turn agent loop (the tiny rows have 512)
 CONTEXT = 2048
 #: family → its architecture's tiny_models row
-ARCHITECTURE = {"gpt-oss": "gpt_oss", "lfm2": "lfm2", "granite": "granitemoehybrid_mamba", "qwen3": "qwen3_5"}
+ARCHITECTURE = {"gpt-oss": "gpt_oss", "lfm2": "lfm2", "granite": "granitemoehybrid_mamba", "qwen3": "qwen3_5",
+                "nemotron-nano": "nemotron_h"}
 
 
 def family_gguf(family_name: str, default_gguf: str, root: Path, qtype: str = "Q8_0") -> str:
