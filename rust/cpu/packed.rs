@@ -99,6 +99,15 @@ pub struct PackedMatrix {
     pub cols: usize,
     blocks: usize,
     data: Vec<u8>,
+    /// each row's ‖w‖₁ per 32-column block, for the precise product's bound (`refine`)
+    norms: std::sync::OnceLock<BlockNorms>,
+}
+
+/// A matrix's rows' ‖w_j,k‖₁ per 32-column block k ([rows, blocks]), and per row
+/// ‖(‖w_j,k‖₁)_k‖₂ (a bound of the first's dot product with any vector, by its norm).
+struct BlockNorms {
+    l1: Vec<f32>,
+    l2: Vec<f32>,
 }
 
 impl PackedMatrix {
@@ -136,7 +145,7 @@ impl PackedMatrix {
                 }
             }
         });
-        ok.into_inner().then_some(PackedMatrix { packing, rows, cols, blocks, data: out })
+        ok.into_inner().then_some(PackedMatrix { packing, rows, cols, blocks, data: out, norms: Default::default() })
     }
 
     pub fn nbytes(&self) -> usize {
@@ -163,8 +172,17 @@ impl PackedMatrix {
         }
     }
 
-    /// out [act.rows, self.rows] = the activations times this matrix's rows.
-    /// With `act.precise`, each output row sums its two activation rows' products.
+    /// out [batch, self.rows] = the activations times this matrix's rows.
+    ///
+    /// With `act.precise` (the output head), each output first gets its 8-bit
+    /// product; then, row by row, the outputs that could be that row's largest
+    /// once the residual row is added get it added. Output j's residual product
+    /// is at most B_j = Σ_k R_k·‖w_j,k‖₁ (R_k the largest value the residual
+    /// row holds in block k, ‖w_j,k‖₁ the row's block), so an output with
+    /// p_j + B_j below max(p − B) is left as it is, its precise value below
+    /// another's. The groups of eight rows refined are the same whatever else
+    /// the batch holds, and a refined output has the full second pass's bits:
+    /// the top of every row, so its greedy token, is the full second pass's.
     pub fn matmul(&self, act: &Activations, out: &mut [f32]) {
         self.matmul_with(kernel_for(self.packing, isa()), act, out)
     }
@@ -173,41 +191,41 @@ impl PackedMatrix {
         assert_eq!(act.cols, self.cols, "packed matmul: activation width");
         let batch = act.batch();
         assert_eq!(out.len(), batch * self.rows, "packed matmul: output shape");
+        let stride = if act.precise { 2 } else { 1 };
+        self.product(kernel, act, stride, out);
+        if act.precise {
+            self.refine(kernel, act, out);
+        }
+    }
+
+    /// out [batch, rows] = activation rows 0, stride, 2·stride, … times every weight row.
+    fn product(&self, kernel: Kernel, act: &Activations, stride: usize, out: &mut [f32]) {
         let rows_per_call = kernel.rows;
         let groups = self.rows.div_ceil(LANES);
-        let arows = act.rows;
+        let arows = act.rows / stride;
         // tasks: a range of groups × a range of activation rows (whose quantized rows stay in cache)
         let row_chunk = if arows <= 64 { arows } else { 32 };
         let row_chunks = arows.div_ceil(row_chunk);
         let per = (groups * row_chunks).div_ceil(4 * pool::threads()).max(1);
         let group_chunk = per.min(groups).max(if row_chunks > 1 { 1 } else { 2.min(groups) });
         let group_chunks = groups.div_ceil(group_chunk);
-        let mut scratch = if act.precise { vec![0f32; arows * self.rows] } else { Vec::new() };
-        let target = if act.precise { SendPtr(scratch.as_mut_ptr().cast()) } else { SendPtr(out.as_mut_ptr().cast()) };
-        let record = self.record();
+        let target = SendPtr(out.as_mut_ptr());
         pool::run(group_chunks * row_chunks, &|task| {
             let (gc, rc) = (task % group_chunks, task / group_chunks);
             let target = target;
             let mut spare = [[0f32; LANES]; MAX_ROWS];
             for g in gc * group_chunk..((gc + 1) * group_chunk).min(groups) {
                 let full = (g + 1) * LANES <= self.rows;
-                let rec = self.data[g * self.blocks * record..].as_ptr();
                 let mut r0 = rc * row_chunk;
                 let end = ((rc + 1) * row_chunk).min(arows);
                 while r0 < end {
                     let n = rows_per_call.min(end - r0);
-                    let null = std::ptr::null();
-                    let mut tile = Tile { rec, record, blocks: self.blocks, q: [null; MAX_ROWS], u: [std::ptr::null(); MAX_ROWS], d: [std::ptr::null(); MAX_ROWS], s: [std::ptr::null(); MAX_ROWS], out: [std::ptr::null_mut(); MAX_ROWS] };
+                    let mut tile = self.tile(g);
                     for i in 0..n {
                         let r = r0 + i;
-                        tile.q[i] = act.q[r * act.cols..].as_ptr();
-                        if !act.u.is_empty() {
-                            tile.u[i] = act.u[r * act.cols..].as_ptr();
-                        }
-                        tile.d[i] = act.d[r * self.blocks..].as_ptr();
-                        tile.s[i] = act.s[r * self.blocks..].as_ptr();
+                        self.take_row(&mut tile, i, act, r * stride);
                         // SAFETY: (row r, group g) outputs are this task's alone
-                        tile.out[i] = if full { unsafe { (target.get() as *mut f32).add(r * self.rows + g * LANES) } } else { spare[i].as_mut_ptr() };
+                        tile.out[i] = if full { unsafe { target.get().add(r * self.rows + g * LANES) } } else { spare[i].as_mut_ptr() };
                     }
                     // SAFETY: the kernel was picked for this CPU; every pointer covers `blocks` blocks
                     unsafe { (kernel.run)(&tile, n) };
@@ -216,7 +234,7 @@ impl PackedMatrix {
                             let at = (r0 + i) * self.rows + g * LANES;
                             for (l, &v) in lanes.iter().enumerate().take(self.rows - g * LANES) {
                                 // SAFETY: as above
-                                unsafe { *(target.get() as *mut f32).add(at + l) = v };
+                                unsafe { *target.get().add(at + l) = v };
                             }
                         }
                     }
@@ -224,14 +242,104 @@ impl PackedMatrix {
                 }
             }
         });
-        if act.precise {
-            for (o, pair) in out.iter_mut().zip(scratch.chunks_exact(2 * self.rows).flat_map(|two| {
-                let (a, b) = two.split_at(self.rows);
-                a.iter().zip(b)
-            })) {
-                *o = pair.0 + pair.1;
+    }
+
+    /// The precise pass where it can matter (see `matmul`): for each input row b, the
+    /// residual row 2b+1's product added to the groups that could hold b's largest output.
+    fn refine(&self, kernel: Kernel, act: &Activations, out: &mut [f32]) {
+        let (norms, blocks, rows) = (self.block_norms(), self.blocks, self.rows);
+        let batch = out.len() / rows;
+        let mut chosen: Vec<Vec<usize>> = vec![Vec::new(); batch];
+        let slots = SendPtr(chosen.as_mut_ptr());
+        let outs = &*out;
+        pool::run(batch, &|b| {
+            let slots = slots;
+            // the residual row's largest value per block (127·d bounds |q·d|), 1% to spare for
+            // the sums' rounding, and the bound of output j's residual product it gives
+            let reach: Vec<f32> = (0..blocks).map(|k| act.d[(2 * b + 1) * blocks + k] * 127.0 * 1.01).collect();
+            let bound = |j: usize| -> f32 { norms.l1[j * blocks..][..blocks].iter().zip(&reach).map(|(w, r)| w * r).sum() };
+            // ≤ bound(j) by Cauchy-Schwarz, one product per output
+            let reach2 = reach.iter().map(|r| r * r).sum::<f32>().sqrt() * 1.01;
+            let p = &outs[b * rows..][..rows];
+            let top = (0..rows).fold(0, |t, j| if p[j] > p[t] { j } else { t });
+            // at most the largest precise output
+            let floor = p[top] - bound(top);
+            let mut groups = Vec::new();
+            for j in 0..rows {
+                if p[j] + reach2 * norms.l2[j] >= floor && p[j] + bound(j) >= floor && groups.last() != Some(&(j / LANES)) {
+                    groups.push(j / LANES);
+                }
             }
+            // SAFETY: slot b is this task's alone
+            unsafe { *slots.get().add(b) = groups };
+        });
+        let work: Vec<(usize, usize)> = chosen.iter().enumerate().flat_map(|(b, gs)| gs.iter().map(move |&g| (b, g))).collect();
+        let target = SendPtr(out.as_mut_ptr());
+        pool::run(work.len(), &|w| {
+            let (b, g) = work[w];
+            let target = target;
+            let mut lanes = [0f32; LANES];
+            let mut tile = self.tile(g);
+            self.take_row(&mut tile, 0, act, 2 * b + 1);
+            tile.out[0] = lanes.as_mut_ptr();
+            // SAFETY: as in `product`
+            unsafe { (kernel.run)(&tile, 1) };
+            for (l, &v) in lanes.iter().enumerate().take(rows - g * LANES) {
+                // SAFETY: each (b, g) is one task's, its outputs no other's
+                unsafe { *target.get().add(b * rows + g * LANES + l) += v };
+            }
+        });
+    }
+
+    /// ‖w_j,k‖₁ of every row j's every 32-column block k, as dequantized ([rows, blocks]), and
+    /// per row the Euclidean norm of those (computed once, at the first precise product).
+    fn block_norms(&self) -> &BlockNorms {
+        self.norms.get_or_init(|| {
+            let mut l1 = vec![0f32; self.rows * self.blocks];
+            let mut l2 = vec![0f32; self.rows];
+            let (at, at2) = (SendPtr(l1.as_mut_ptr()), SendPtr(l2.as_mut_ptr()));
+            pool::run(self.rows.div_ceil(256), &|c| {
+                let (at, at2) = (at, at2);
+                let mut row = vec![0f32; self.cols];
+                for r in c * 256..((c + 1) * 256).min(self.rows) {
+                    self.dequantize_row(r, &mut row);
+                    let mut squares = 0f32;
+                    for (k, block) in row.chunks_exact(BLOCK).enumerate() {
+                        let n: f32 = block.iter().map(|v| v.abs()).sum();
+                        squares += n * n;
+                        // SAFETY: row r is this task's alone
+                        unsafe { *at.get().add(r * self.blocks + k) = n };
+                    }
+                    // SAFETY: as above
+                    unsafe { *at2.get().add(r) = squares.sqrt() };
+                }
+            });
+            BlockNorms { l1, l2 }
+        })
+    }
+
+    fn tile(&self, g: usize) -> Tile {
+        let null = std::ptr::null();
+        Tile {
+            rec: self.data[g * self.blocks * self.record()..].as_ptr(),
+            record: self.record(),
+            blocks: self.blocks,
+            q: [null; MAX_ROWS],
+            u: [std::ptr::null(); MAX_ROWS],
+            d: [std::ptr::null(); MAX_ROWS],
+            s: [std::ptr::null(); MAX_ROWS],
+            out: [std::ptr::null_mut(); MAX_ROWS],
         }
+    }
+
+    /// Activation row `r` as the tile's i-th row.
+    fn take_row(&self, tile: &mut Tile, i: usize, act: &Activations, r: usize) {
+        tile.q[i] = act.q[r * act.cols..].as_ptr();
+        if !act.u.is_empty() {
+            tile.u[i] = act.u[r * act.cols..].as_ptr();
+        }
+        tile.d[i] = act.d[r * self.blocks..].as_ptr();
+        tile.s[i] = act.s[r * self.blocks..].as_ptr();
     }
 }
 
@@ -758,14 +866,32 @@ mod tests {
                         assert_eq!(alone, out[b * rows..][..rows], "{name} {isa:?}: row {b} alone");
                     }
                 }
+                // with `precise`, both passes for every output, as the second pass had it before it was
+                // confined to the outputs that could be a row's largest
+                let mut both = vec![0f32; 2 * batch * rows];
+                if precise {
+                    packed.product(kernel_for(packed.packing, Isa::Scalar), &act, 1, &mut both);
+                }
                 for b in 0..batch {
+                    let full: Vec<f32> = (0..rows).map(|r| both[2 * b * rows + r] + both[(2 * b + 1) * rows + r]).collect();
+                    let top = (0..rows).max_by(|&i, &j| full[i].total_cmp(&full[j])).unwrap();
                     for r in 0..rows {
                         let w = &want[r * cols..][..cols];
                         let xs = &x[b * cols..][..cols];
                         let exact: f64 = w.iter().zip(xs).map(|(a, c)| *a as f64 * *c as f64).sum();
                         let scale: f64 = w.iter().zip(xs).map(|(a, c)| (*a as f64 * *c as f64).abs()).sum();
-                        let err = (reference[b * rows + r] as f64 - exact).abs() / scale;
-                        assert!(err < if precise { 1e-4 } else { 1e-2 }, "{name} precise={precise}: relative error {err}");
+                        let got = reference[b * rows + r];
+                        let err = (got as f64 - exact).abs() / scale;
+                        let top_row = precise && r == top;
+                        assert!(err < if top_row { 1e-4 } else { 1e-2 }, "{name} precise={precise}: relative error {err}");
+                        if precise {
+                            // refined (both passes' bits) or left at the first pass's, below the top
+                            let first = both[2 * b * rows + r];
+                            assert!(got.to_bits() == full[r].to_bits() || (got.to_bits() == first.to_bits() && full[r] < full[top]),
+                                    "{name}: row {b} output {r}");
+                            assert!(!top_row || got.to_bits() == full[r].to_bits(), "{name}: row {b}'s top refined");
+                            assert!(got <= full[top], "{name}: row {b}'s output {r} above its top");
+                        }
                     }
                 }
             }

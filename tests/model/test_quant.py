@@ -53,11 +53,14 @@ def test_quantized_matmul_equals_dequantize_then_matmul(name):
         x = rng.standard_normal((batch, cols)).astype(np.float32)
         want = x.astype(np.float64) @ dense.T.astype(np.float64)
         scale = np.abs(x) @ np.abs(dense).T    # what the rounding of 8-bit activations is relative to
-        for precise, tolerance in ((False, 2e-2), (True, 2e-4)):
+        for precise in (False, True):
             out = np.full((batch, rows), np.nan, dtype=np.float32)
             m.matmul(x, out, precise)
             err = np.abs(out - want) / scale
-            assert err.max() < tolerance, (name, batch, precise, err.max())
+            assert err.max() < 2e-2, (name, batch, precise, err.max())
+            if precise:   # the second pass where a row's largest output can be: at least there
+                top = err[np.arange(batch), out.argmax(axis=1)]
+                assert top.max() < 2e-4, (name, batch, top.max())
     # rows are independent: one row alone gives what it gives in a batch (batch invariance)
     x = rng.standard_normal((5, cols)).astype(np.float32)
     whole = np.empty((5, rows), np.float32)
@@ -75,7 +78,8 @@ def test_any_shape_and_batch_gives_each_row_its_own_product(name, rows, blocks, 
     """Generated shapes (rows not a multiple of the eight interleaved, one to three
     blocks of the format's width), batches across the kernels' tiles of 4 or 8 rows
     and the 64-row task split: each output is the dense product up to the 8-bit
-    activations' rounding, and each row alone gives its bits in the batch."""
+    activations' rounding (a row's largest, when precise, up to about 16-bit
+    activations'), and each row alone gives its bits in the batch."""
     width = 256 if name.endswith("_K") else 32
     m = _matrix(name, rows, blocks * width, seed=seed)
     rng = np.random.default_rng(seed)
@@ -84,7 +88,10 @@ def test_any_shape_and_batch_gives_each_row_its_own_product(name, rows, blocks, 
     m.matmul(x, out, precise)
     dense = m.dequantize().astype(np.float64)
     scale = np.abs(x) @ np.abs(dense).T + 1e-30
-    assert (np.abs(out - x.astype(np.float64) @ dense.T) / scale).max() < (2e-4 if precise else 2e-2)
+    err = np.abs(out - x.astype(np.float64) @ dense.T) / scale
+    assert err.max() < 2e-2
+    if precise:   # each row's largest output has the second pass
+        assert err[np.arange(batch), out.argmax(axis=1)].max() < 2e-4
     for i in sorted({0, batch // 2, batch - 1}):
         one = np.empty((1, rows), np.float32)
         m.matmul(x[i:i + 1], one, precise)

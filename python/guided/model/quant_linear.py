@@ -78,8 +78,11 @@ class QuantLinear(nn.Module):
     `precise` (the output head): the activations' 8-bit rounding error gets
     a second pass through the kernel (about 16-bit activations), so fewer
     near-tied tokens swap on it (SmolLM2's top token agrees with float32's at
-    97.9% of the parity prompts' positions with it, 97.2% without); it costs a
-    second dot product over weight rows already in cache."""
+    97.9% of the parity prompts' positions with it, 97.2% without). Where the
+    weights are packed the second pass runs only on the groups of rows that
+    could hold a row's largest output (a bound per 32-column block, which
+    leaves a handful of SmolLM2's 6144 groups), so every row's top has its
+    bits; the other outputs keep the 8-bit product (rust/cpu/packed.rs)."""
 
     def __init__(self, matrices: _native.QuantMatrix | list[_native.QuantMatrix], bias: bool,
                  precise: bool = False):
