@@ -36,6 +36,7 @@ files carry the Hub checkpoints' names, and the loader must read exactly these):
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Callable
@@ -107,6 +108,21 @@ def _mistral3() -> transformers.PretrainedConfig:
     return transformers.Mistral3Config(vision_config=vision, text_config=text, tie_word_embeddings=False)
 
 
+#: Qwen3.5's layers (the qwen3_5 row's), and the experts of Qwen3.5-MoE's and Qwen3-Next's rows
+def _qwen3_5(**over) -> dict:
+    """A fresh copy (configs may change the nested rope_parameters they are given)."""
+    return {**copy.deepcopy(_QWEN3_5), **over}
+
+
+_QWEN3_5 = dict(num_hidden_layers=4,
+                layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                           "partial_rotary_factor": 0.25})
+_QWEN3_5_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=48)
+
+
 # name -> config; the model is AutoModelForCausalLM's for it (mistral3: the conditional-generation
 # wrapper). KV heads 4/2/1 (GQA 1, 2, 4) and tied/untied heads vary across the rows.
 ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
@@ -157,27 +173,16 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
         embedding_multiplier=2.0, attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0)),
     # Qwen3.5: Gated DeltaNet layers (2 key heads of 16 shared by 4 value heads of 16, 4 taps) around a
     # gated attention layer with a quarter of each head rotating; (1 + w) norms
-    "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**_tiny(tie_word_embeddings=True, num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                   "partial_rotary_factor": 0.25})),
+    "qwen3_5": lambda: transformers.Qwen3_5TextConfig(**_tiny(tie_word_embeddings=True, **_qwen3_5())),
     # Qwen3.5-MoE: the same layers with experts in every one (8, top 2, renormalised) and a shared expert
     # gated by σ of a linear, wider than the experts
-    "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**_tiny(tie_word_embeddings=False, num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                             "partial_rotary_factor": 0.25})),
+    "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**_tiny(tie_word_embeddings=False,
+                                                                     **_qwen3_5(**_QWEN3_5_EXPERTS))),
     # Qwen3-Next: Qwen3.5-MoE's layers with the DeltaNet's q|k|v|z and b|a projections grouped per key head
-    # (value heads 8 over key heads 2: four per group), a dense MLP in its mlp_only_layers
-    "qwen3_next": lambda: transformers.Qwen3NextConfig(**_tiny(tie_word_embeddings=True, num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=8, linear_key_head_dim=16, linear_value_head_dim=8,
-        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+    # (value heads 8 of 8 over key heads 2: four per group), a dense MLP in its mlp_only_layers
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(**_tiny(tie_word_embeddings=True, **_qwen3_5(
+        **_QWEN3_5_EXPERTS, linear_num_value_heads=8, linear_value_head_dim=8, mlp_only_layers=[1],
+        norm_topk_prob=True))),
     # Nemotron-H: blocks of one sublayer each, Mamba-2 (8 heads of 16 in 2 groups), relu² MLPs without a
     # gate, and attention without rotation, in its own order (transformers 5's layers_block_type; the Hub's
     # hybrid_override_pattern "M-*M-" is the same)
