@@ -22,8 +22,7 @@ from .model import LoadedModel, ModelRunner
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
 from .step_cost import StepCost
-from .tokenizer import (IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, plain_encoder,
-                        token_bytes)
+from .tokenizer import IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, token_bytes
 
 log = logging.getLogger("guided.engine")
 NO_DRAFTS_WITH_STATE = ("speculative=True: this model's recurrent layers keep a state per sequence that a "
@@ -111,12 +110,14 @@ class StepUpdate:
 
 class Engine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig,
-                 special: SpecialTokens | None = None):
+                 special: SpecialTokens | None = None, tokenizer: TokenizerWrapper | None = None):
+        """`tokenizer`: a wrapper of the model's tokenizer to share (LLM's), else one is made."""
         self.loaded = loaded
         self.config = config
         self.special = special or SpecialTokens.classify(loaded.tokenizer, loaded.end_token_ids,
                                                          loaded.bos_token)
-        self.tokenizer = TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
+        self.tokenizer = tokenizer.with_special(self.special) if tokenizer else \
+            TokenizerWrapper(loaded.tokenizer, self.special, loaded.add_bos_token)
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len, config.cpu_step, config.cuda_graphs)
@@ -165,7 +166,7 @@ class Engine:
             self._compiler = _native.GrammarCompiler(
                 token_bytes(hf), sorted(self.special.grammar_end_ids),
                 vocab_size=max(self.loaded.config.vocab_size, self.tokenizer.vocab_size),
-                tokenize=plain_encoder(hf))
+                tokenize=self.tokenizer.encode_text)   # plain text's tokens, no BOS, no added token
         return self._compiler
 
     # -- requests --------------------------------------------------------

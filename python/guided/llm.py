@@ -81,11 +81,14 @@ class LLM:
             template = given or self.loaded.chat_template
             self._special = SpecialTokens.classify(self.loaded.tokenizer, self.loaded.end_token_ids,
                                                    self.loaded.bos_token)
+            # one wrapper (its private text tokenizer is a copy of the vocabulary) for every chat
+            # format, the engine's sharing it under the template's registry
+            self._tokenizer = TokenizerWrapper(self.loaded.tokenizer, self._special, self.loaded.add_bos_token)
             self._formats: dict[str, ChatFormat] = {}
             self._own_template = template
             self.chat_format: ChatFormat | None = self._format(template) if template else None
             special = self.chat_format.special if self.chat_format else self._special   # with the template's end-of-turn token
-            self.engine = Engine(self.loaded, config, special)
+            self.engine = Engine(self.loaded, config, special, self._tokenizer)
         except BaseException:
             if group is not None:
                 group.close()
@@ -134,8 +137,7 @@ class LLM:
         if template not in self._formats:
             if len(self._formats) >= _KEPT_FORMATS:
                 del self._formats[next(k for k in self._formats if k != self._own_template)]
-            tokenizer = TokenizerWrapper(self.loaded.tokenizer, self._special, self.loaded.add_bos_token)
-            self._formats[template] = ChatFormat(template, self._special, tokenizer,
+            self._formats[template] = ChatFormat(template, self._special, self._tokenizer,
                                                  self.loaded.bos_token, self.loaded.eos_token)
         return self._formats[template]
 

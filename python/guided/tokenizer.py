@@ -42,6 +42,13 @@ class TokenizerWrapper:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._text = text_tokenizer(tokenizer)
 
+    def with_special(self, special: SpecialTokens) -> TokenizerWrapper:
+        """This wrapper under another registry of the same vocabulary (one that knows a
+        template's end-of-turn token), sharing the tokenizer and its text copy."""
+        other = copy.copy(self)
+        other.special = special
+        return other
+
     def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; with parse_special off no added token can come
         out of it (rule 7). The BOS token is prepended where the model wants one."""

@@ -300,12 +300,23 @@ impl PackedMatrix {
             let (at, at2) = (SendPtr(l1.as_mut_ptr()), SendPtr(l2.as_mut_ptr()));
             pool::run(self.rows.div_ceil(256), &|c| {
                 let (at, at2) = (at, at2);
-                let mut row = vec![0f32; self.cols];
+                let p = self.packing;
                 for r in c * 256..((c + 1) * 256).min(self.rows) {
-                    self.dequantize_row(r, &mut row);
+                    let (g, lane) = (r / LANES, r % LANES);
                     let mut squares = 0f32;
-                    for (k, block) in row.chunks_exact(BLOCK).enumerate() {
-                        let n: f32 = block.iter().map(|v| v.abs()).sum();
+                    for k in 0..self.blocks {
+                        // the values as dequantize_row has them (d·q + m), the scales read once a block
+                        let rec = &self.data[(g * self.blocks + k) * self.record()..][..self.record()];
+                        let scale = |i: usize, at: usize| read_scale(p, &rec[at + i * p.scale_bytes()..]);
+                        let min = if p.min { scale(lane, p.mins_at()) } else { 0.0 };
+                        let mut n = 0f32;
+                        for sub in 0..p.subs {
+                            let d = scale(sub * LANES + lane, 0);
+                            for i in sub * BLOCK / p.subs..(sub + 1) * BLOCK / p.subs {
+                                let q = read_quant(p, rec, lane, i) as f32;
+                                n += (if p.min { q * d + min } else { q * d }).abs();
+                            }
+                        }
                         squares += n * n;
                         // SAFETY: row r is this task's alone
                         unsafe { *at.get().add(r * self.blocks + k) = n };
