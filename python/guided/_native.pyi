@@ -158,11 +158,17 @@ class Scheduler:
         speculative: bool = False,
         num_speculative_tokens: int = 0,
         drafter: str = "lookup",
+        masks: str = "overlap",
     ) -> Self:
         """``speculative``: whether requests that do not say speculate;
         ``num_speculative_tokens``: the most tokens a step looks up for one
         sequence (0: never); ``drafter``: "lookup" or "random:SEED"
-        (rust/engine/speculative.rs). ValueError on another drafter."""
+        (rust/engine/speculative.rs). ValueError on another drafter.
+        ``masks``: "overlap" (every constrained row's mask computed by
+        ``start_masks()``) or "on_demand" (a row whose draw the mask can only
+        change by refusing its token is drawn without it by ``sample()``, and
+        its mask computed only where the grammar refuses the token; see
+        rust/engine/masks.rs). ValueError on another value."""
     def add_request(
         self,
         seq_id: int,
@@ -274,8 +280,10 @@ class Scheduler:
         up, counted again on re-admission after preemption), preemptions,
         forced_tokens (appended by fast-forward), mask_time_us (wall time of
         the mask jobs), mask_wait_us (of it, what sample() waited for: the
-        rest was hidden behind the forward pass), mask_rows,
-        num_running, num_waiting, num_free_blocks (free or evictable),
+        rest was hidden behind the forward pass; on demand, all of it was
+        waited for), mask_rows (computed), mask_rows_on_demand (drawn without
+        their mask and checked), mask_rows_refused (of those, refused, their
+        mask then computed), num_running, num_waiting, num_free_blocks (free or evictable),
         num_cached_blocks, num_blocks."""
     def record_cache_events(self) -> None:
         """Record what enters and leaves the prefix cache from now on."""

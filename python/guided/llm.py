@@ -45,7 +45,8 @@ class LLM:
                  max_model_len: int | None = None, enable_prefix_caching: bool = True,
                  chat_template: str | None = None, tensor_parallel_size: int = 1,
                  speculative: bool = False, num_speculative_tokens: int = 8,
-                 drafter: str = "lookup", cpu_step: str = "auto", cuda_graphs: str = "auto"):
+                 drafter: str = "lookup", cpu_step: str = "auto", cuda_graphs: str = "auto",
+                 masks: str = "auto"):
         """``chat_template``: a Jinja template (text or a file path) used
         instead of the model's own, as ``--chat-template`` in other servers.
 
@@ -65,14 +66,22 @@ class LLM:
 
         ``cuda_graphs``: on CUDA, "auto" captures decode steps as CUDA graphs,
         one per batch-size bucket (model/decode_graphs.py); "off" runs them
-        eagerly; "padded" runs the buckets without capturing."""
+        eagerly; "padded" runs the buckets without capturing.
+
+        ``masks``: where grammar masks are computed. "overlap": every
+        constrained row's, on threads while the forward pass runs; "on_demand":
+        a row that samples without top-k/top-p/min-p or logprobs is drawn
+        without its mask and the mask is computed only when the grammar
+        refuses the token (then the row is drawn again from the same random
+        stream: the same tokens either way); "auto" (the default): on_demand
+        where the forward pass runs on the CPU, overlap on a GPU."""
         given = _template_text(chat_template) if chat_template else None   # checked before the load
         config = EngineConfig(
             max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, block_size=block_size,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching, speculative=speculative,
             num_speculative_tokens=num_speculative_tokens, drafter=drafter, cpu_step=cpu_step,
-            cuda_graphs=cuda_graphs)
+            cuda_graphs=cuda_graphs, masks=masks)
         group = _tensor_group(model, device, dtype, tensor_parallel_size, config)
         try:
             self.loaded = load_model(model, device=device, dtype=dtype, tensor_group=group)
@@ -306,7 +315,9 @@ class LLM:
         forced), forced_tokens (appended by grammar fast-forward),
         mask_time_us (wall time of the grammar mask jobs), mask_wait_us (of
         it, what sampling waited for; the rest hid behind the forward pass),
-        mask_rows, prefix_cache_hit_tokens, prefix_cache_queries,
+        mask_rows (computed), mask_rows_on_demand and mask_rows_refused
+        (drawn without their mask; of those, refused by the grammar and
+        drawn again), prefix_cache_hit_tokens, prefix_cache_queries,
         preemptions, ..."""
         return self.engine.stats()
 

@@ -13,6 +13,7 @@ use crate::bindings::python_grammar::PyGrammar;
 use crate::sampling::cpu_sampler::Sampled;
 use crate::bindings::python_plan::PyStepPlan;
 use crate::engine::scheduler::{Error, Scheduler, SchedulerConfig, SpecConfig, StepOutput};
+use crate::engine::masks::MaskPolicy;
 use crate::engine::speculative::Drafter;
 use crate::engine::sequence::{LogitBias, RequestParams, Steering};
 
@@ -38,7 +39,7 @@ impl PyScheduler {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
                         eos_token_ids, enable_prefix_caching = true, speculative = false,
-                        num_speculative_tokens = 0, drafter = "lookup"))]
+                        num_speculative_tokens = 0, drafter = "lookup", masks = "overlap"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: usize,
@@ -51,8 +52,10 @@ impl PyScheduler {
         speculative: bool,
         num_speculative_tokens: usize,
         drafter: &str,
+        masks: &str,
     ) -> PyResult<Self> {
         let drafter = Drafter::parse(drafter).map_err(PyValueError::new_err)?;
+        let masks = MaskPolicy::parse(masks).map_err(PyValueError::new_err)?;
         let cfg = SchedulerConfig {
             num_blocks,
             block_size,
@@ -62,6 +65,7 @@ impl PyScheduler {
             eos_token_ids,
             enable_prefix_caching,
             speculation: SpecConfig { by_default: speculative, max_tokens: num_speculative_tokens, drafter },
+            masks,
         };
         Ok(PyScheduler { inner: Scheduler::new(cfg).map_err(to_py)? })
     }

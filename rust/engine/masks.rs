@@ -5,6 +5,13 @@
 //! join, so no lock is taken per row. A sequence carrying a draft
 //! (speculative.rs) has a row after each draft token too: its matcher
 //! consumes the draft on the way and is rolled back after.
+//!
+//! A row may also be left to be checked instead (`MaskSpan::on_demand`,
+//! where the engine samples on the CPU that runs the forward pass, so the
+//! job's threads compete with it): the job only confirms that the row's mask
+//! is the tokens its grammar takes one by one, and `Scheduler::sample()`
+//! checks the token drawn without it, computing the mask only where the
+//! grammar refuses that token.
 
 use std::borrow::Cow;
 use std::thread::JoinHandle;
@@ -15,22 +22,50 @@ use rayon::prelude::*;
 use crate::grammar::matchers::GrammarMatcher;
 use crate::engine::sequence::SeqId;
 
+/// Where a constrained row's mask is computed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MaskPolicy {
+    /// Every row's, on the job's threads while the forward pass runs (on a
+    /// GPU, whose forward pass leaves the CPU's cores free).
+    #[default]
+    Overlap,
+    /// Where the forward pass runs on the same cores: a row whose draw the
+    /// mask cannot change but by refusing its token
+    /// ([`SamplingParams::mask_can_wait`](crate::sampling::cpu_sampler::SamplingParams::mask_can_wait))
+    /// is drawn without it and checked; only a refused token's row gets its
+    /// mask, and is drawn again from the same random stream.
+    OnDemand,
+}
+
+impl MaskPolicy {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "overlap" => Ok(MaskPolicy::Overlap),
+            "on_demand" => Ok(MaskPolicy::OnDemand),
+            _ => Err(format!("masks must be \"overlap\" or \"on_demand\", got {s:?}")),
+        }
+    }
+}
+
 /// One sampling row's grammar: its sequence and matcher, then the error of
 /// its mask (if it allows nothing).
 pub type MaskRow = Option<(SeqId, GrammarMatcher, Option<String>)>;
 
 /// One sequence's rows: its grammar (the first row's), the draft tokens fed
-/// after its last token, and which of the `draft.len() + 1` rows need a mask.
+/// after its last token, which of the `draft.len() + 1` rows need a mask,
+/// and whether a row without a draft may be drawn without its mask and
+/// checked after (where its state's mask is checkable).
 pub struct MaskSpan {
     pub row: MaskRow,
     pub draft: Vec<u32>,
     pub needed: Vec<bool>,
+    pub on_demand: bool,
 }
 
 impl MaskSpan {
     /// A sequence without a draft: one row.
     pub fn single(row: MaskRow) -> Self {
-        MaskSpan { row, draft: Vec::new(), needed: vec![true] }
+        MaskSpan { row, draft: Vec::new(), needed: vec![true], on_demand: false }
     }
 
     fn rows(&self) -> usize {
@@ -45,6 +80,8 @@ pub struct MaskBatch {
     pub buf: Vec<i32>,
     /// Which rows have a mask.
     pub has_mask: Vec<bool>,
+    /// Which rows were left to be checked (`MaskSpan::on_demand`): no mask yet.
+    pub deferred: Vec<bool>,
     /// Per span, its grammar (to hand back) and first row's error.
     pub rows: Vec<MaskRow>,
     /// Wall time the job took, from start to finish.
@@ -84,27 +121,46 @@ pub fn compute(spans: Vec<MaskSpan>) -> MaskBatch {
         (rest, flags) = (b, g);
     }
     let mut spans = spans;
-    let drafts: Vec<(u64, usize)> = spans
+    let filled: Vec<Filled> = spans
         .par_iter_mut()
         .zip(parts.into_par_iter())
         .map(|(span, (out, flags))| fill_span(span, out, flags, words))
         .collect();
+    let mut deferred = vec![false; total];
+    let mut first = 0;
+    for (s, f) in spans.iter().zip(&filled) {
+        deferred[first] = f.deferred;
+        first += s.rows();
+    }
     let rows = spans.into_iter().map(|s| s.row).collect();
-    let (draft_us, draft_rows) = drafts.iter().fold((0, 0), |(t, n), &(a, b)| (t + a, n + b));
-    MaskBatch { words, buf, has_mask, rows, elapsed_us: t0.elapsed().as_micros() as u64, draft_us, draft_rows }
+    let (draft_us, draft_rows) = filled.iter().fold((0, 0), |(t, n), f| (t + f.draft_us, n + f.draft_rows));
+    let elapsed_us = t0.elapsed().as_micros() as u64;
+    MaskBatch { words, buf, has_mask, deferred, rows, elapsed_us, draft_us, draft_rows }
+}
+
+/// What [`fill_span`] did: the time and count of its draft rows' masks, and
+/// whether it left its row to be checked.
+#[derive(Default)]
+struct Filled {
+    draft_us: u64,
+    draft_rows: usize,
+    deferred: bool,
 }
 
 /// One span's masks: the first row's, then, consuming the draft token by
 /// token, each needed row's after it (a row the grammar cannot reach, after
 /// a draft token it refuses, gets none); the matcher is rolled back after.
-/// Returns the time and count of the draft rows' masks.
-fn fill_span(span: &mut MaskSpan, out: &mut [i32], flags: &mut [bool], words: usize) -> (u64, usize) {
-    let Some((_, m, err)) = &mut span.row else { return (0, 0) };
+/// A row on demand whose mask is checkable gets none.
+fn fill_span(span: &mut MaskSpan, out: &mut [i32], flags: &mut [bool], words: usize) -> Filled {
+    let Some((_, m, err)) = &mut span.row else { return Filled::default() };
+    if span.on_demand && span.draft.is_empty() && m.mask_is_checkable() {
+        return Filled { deferred: true, ..Filled::default() };
+    }
     let n = m.words();
     *err = m.fill_mask(&mut out[..n]).err();
     flags[0] = true;
     if span.draft.is_empty() || err.is_some() {
-        return (0, 0);
+        return Filled::default();
     }
     let t0 = Instant::now();
     let (mut consumed, mut count) = (0, 0);
@@ -125,7 +181,7 @@ fn fill_span(span: &mut MaskSpan, out: &mut [i32], flags: &mut [bool], words: us
         }
     }
     let _ = m.rollback(consumed);
-    (t0.elapsed().as_micros() as u64, count)
+    Filled { draft_us: t0.elapsed().as_micros() as u64, draft_rows: count, deferred: false }
 }
 
 /// A mask computation in flight.

@@ -15,6 +15,11 @@ pub struct Counters {
     pub mask_wait_us: u64,
     /// Row masks computed.
     pub mask_rows: usize,
+    /// Rows drawn without their mask and checked after (masks.rs,
+    /// `MaskPolicy::OnDemand`), and those of them whose token the grammar
+    /// refused (their mask then computed and the row drawn again).
+    pub mask_rows_on_demand: usize,
+    pub mask_rows_refused: usize,
     pub drafts: DraftCounters,
 }
 
@@ -29,6 +34,8 @@ impl Counters {
             ("mask_time_us", self.mask_time_us as usize),
             ("mask_wait_us", self.mask_wait_us as usize),
             ("mask_rows", self.mask_rows),
+            ("mask_rows_on_demand", self.mask_rows_on_demand),
+            ("mask_rows_refused", self.mask_rows_refused),
         ];
         out.extend(self.drafts.entries());
         out

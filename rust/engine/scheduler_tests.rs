@@ -14,6 +14,7 @@ fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
         eos_token_ids: vec![0],
         enable_prefix_caching: true,
         speculation: SpecConfig::default(),
+        masks: MaskPolicy::Overlap,
     }
 }
 
@@ -379,6 +380,67 @@ mod constrained {
         assert_eq!(stats["forced_tokens"], 1);
     }
 
+    /// Masks on demand give the tokens of masks computed beforehand, for
+    /// greedy and sampled rows, a top-p row among them (always masked), with
+    /// and without fast-forward, a free row beside them; rows are checked
+    /// instead of masked, some kept, some refused and drawn again.
+    #[test]
+    fn masks_on_demand_draw_the_same_tokens() {
+        let run = |masks: MaskPolicy| {
+            let (words, eos) = vocab();
+            let v = words.len();
+            let compiler = GrammarCompiler::new(words, &[eos], v, 8, None).unwrap();
+            let mut c = cfg(64, 4);
+            c.eos_token_ids = vec![eos as i64];
+            c.masks = masks;
+            let mut s = Scheduler::new(c).unwrap();
+            let schema = r#"{"type":"object","properties":{"name":{"type":"string","maxLength":8},"age":{"type":"integer"},"ok":{"type":"boolean"}},"required":["name","age","ok"]}"#;
+            let g = compiler.compile(&format!("{{\"grammars\": [{{\"json_schema\": {schema}}}]}}")).unwrap();
+            let mut outs: HashMap<SeqId, Vec<i64>> = HashMap::new();
+            for id in 0..7u64 {
+                let p = RequestParams {
+                    temperature: [0.0, 0.7, 1.5][id as usize % 3],
+                    top_p: if id == 5 { 0.9 } else { 1.0 },
+                    seed: Some(i128::from(id)),
+                    fast_forward: id % 2 == 0,
+                    ..req(40)
+                };
+                let grammar = (id != 6).then_some(&g);
+                let forced = s.add_constrained(id as i128, &prompt(5, id as i64), &p, grammar, Steering::default()).unwrap();
+                outs.entry(id).or_default().extend(forced.iter().map(|&t| i64::from(t)));
+            }
+            let mut state = 7u64;
+            for _ in 0..200 {
+                let Some(plan) = s.schedule() else { break };
+                s.start_masks().unwrap();
+                let n = plan.sample_seq_ids.len();
+                // logits from a fixed stream: the same in both runs
+                let logits: Vec<f32> = (0..n * v)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        (state >> 40) as f32 / (1u64 << 24) as f32 * 6.0
+                    })
+                    .collect();
+                let drawn = s.sample(&logits, n, v, None).unwrap();
+                for o in s.update(&drawn.iter().map(|d| d.token).collect::<Vec<_>>()).unwrap() {
+                    let out = outs.entry(o.seq_id).or_default();
+                    out.push(o.token);
+                    out.extend(o.forced.iter().map(|&t| i64::from(t)));
+                }
+            }
+            let stats: HashMap<_, _> = s.stats().into_iter().collect();
+            (outs, stats)
+        };
+        let (overlap, before) = run(MaskPolicy::Overlap);
+        let (on_demand, after) = run(MaskPolicy::OnDemand);
+        assert_eq!(on_demand, overlap);
+        assert_eq!((before["mask_rows_on_demand"], before["mask_rows_refused"]), (0, 0));
+        // (uniform random logits: the grammar refuses most draws, yet keeps some)
+        assert!(after["mask_rows_on_demand"] > after["mask_rows_refused"], "{after:?}");
+        assert!(after["mask_rows_refused"] > 0, "{after:?}");
+        assert!(after["mask_rows"] < before["mask_rows"], "{after:?} {before:?}");
+    }
+
     #[test]
     fn fast_forward_appends_forced_tokens_as_a_chunk() {
         let (mut s, c, _, _) = setup();
@@ -702,6 +764,7 @@ fn tight_pool_preempts_and_hits_yet_matches_a_roomy_one() {
         num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
         max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: false,
         speculation: SpecConfig::default(),
+        masks: MaskPolicy::Overlap,
     };
     let tight = SchedulerConfig { num_blocks: 14, max_num_seqs: 4, max_num_batched_tokens: 10, enable_prefix_caching: true, ..roomy.clone() };
     let (want, _) = simulate_counting(roomy, &reqs, &[]);
@@ -737,6 +800,7 @@ proptest! {
             num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
             max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: false,
             speculation: SpecConfig::default(),
+            masks: MaskPolicy::Overlap,
         };
         let tight = SchedulerConfig {
             num_blocks, max_num_seqs, max_num_batched_tokens: budget,
@@ -752,6 +816,7 @@ proptest! {
             num_blocks: 16, block_size: 4, max_num_seqs: 4, max_num_batched_tokens: 16,
             max_model_len: 48, eos_token_ids: vec![0], enable_prefix_caching: true,
             speculation: SpecConfig::default(),
+            masks: MaskPolicy::Overlap,
         };
         simulate(c, &reqs, &aborts);
     }
@@ -858,6 +923,7 @@ proptest! {
             num_blocks: 512, block_size: 4, max_num_seqs: 64, max_num_batched_tokens: 4096,
             max_model_len: 64, eos_token_ids: vec![0], enable_prefix_caching: false,
             speculation: SpecConfig::default(),
+            masks: MaskPolicy::Overlap,
         };
         let drafter = random.map_or(Drafter::Lookup, Drafter::Random);
         let tight = SchedulerConfig {

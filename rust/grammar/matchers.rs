@@ -489,6 +489,34 @@ impl GrammarMatcher {
         ok
     }
 
+    /// Whether this state's mask is exactly the tokens [`allows`](Self::allows)
+    /// says yes to, so that it need not be computed to check one token. Not
+    /// where bytes are forced: llguidance's mask then holds only the tokens
+    /// of their canonical tokenization (or that begin with its last, partial
+    /// token), where the parser would take any token of them. Not once the
+    /// matcher stopped or failed either (its mask is then the end tokens, or
+    /// nothing with its error).
+    pub fn mask_is_checkable(&mut self) -> bool {
+        if self.is_stopped() {
+            return false;
+        }
+        let p = &self.p;
+        // llguidance's TokenParser::can_force_bytes: only then does its mask force bytes as
+        // forced_bytes() computes them.
+        let forces = !p.parser.grammar().lexer_spec().no_forcing && p.token_env.tokenize_is_canonical();
+        forces && self.forced_bytes().is_empty() && !self.is_stopped()
+    }
+
+    /// Whether the mask at this state allows `token`, checked without
+    /// computing the mask: exact where [`mask_is_checkable`](Self::mask_is_checkable)
+    /// (the parser takes the token's bytes, or it is an end token where the
+    /// grammar may end). Nothing changes, unless llguidance fails here,
+    /// which is then the matcher's error, as the mask's would be.
+    pub fn allows(&mut self, token: u32) -> bool {
+        (token as usize) < self.vocab_size.min(self.trie().vocab_size())
+            && self.run(|p| wrap(p.validate_token(token))).unwrap_or(false)
+    }
+
     pub fn compute_mask(&mut self) -> (Vec<i32>, Option<String>) {
         let mut out = vec![0i32; self.words()];
         let err = self.fill_mask(&mut out).err();
@@ -745,6 +773,49 @@ mod tests {
         assert_eq!(searches.get(), 1);
         again.from_start((0, 9), search);
         assert_eq!(searches.get(), 2);
+    }
+
+    /// `allows` is the mask wherever `mask_is_checkable` says so (on-demand
+    /// masks keep a token by it: one it allowed that the mask refuses would
+    /// change an answer), over random walks of grammars with lexemes, JSON,
+    /// special tokens and forced text; the walks reach both kinds of state.
+    #[test]
+    fn allows_is_the_mask_where_it_is_checkable() {
+        let (c, eos) = compiler();
+        let schema = r#"{"type":"object","properties":{"name":{"type":"string","maxLength":6},"age":{"type":"integer"},"ok":{"type":"boolean"}},"required":["name","age"]}"#;
+        let grammars = [
+            format!("{{\"grammars\": [{{\"json_schema\": {schema}}}]}}"),
+            lark(r#"start: "<" /[a-z]+/ ">" ("=" /[0-9]{1,3}/)? | "yes" | "no""#),
+            lark(r#"start: <think> /[a-z ]*/ </think> ("none" | <call> "{" "\"name\"" ":" /"[a-z]+"/ "}" </call>)"#),
+        ];
+        let (mut checkable, mut forced) = (0, 0);
+        for (gi, text) in grammars.iter().enumerate() {
+            let g = c.compile(text).unwrap();
+            for seed in 0..12u64 {
+                let mut m = g.matcher();
+                let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(gi as u64 + 1);
+                for _ in 0..40 {
+                    if m.mask_is_checkable() {
+                        checkable += 1;
+                        let by_check: Vec<u32> = (0..m.vocab_size() as u32).filter(|&t| m.allows(t)).collect();
+                        assert_eq!(by_check, allowed(&mut m), "grammar {gi}, seed {seed}");
+                    } else {
+                        forced += 1;
+                    }
+                    let a = allowed(&mut m);
+                    if a.is_empty() || m.is_stopped() {
+                        break;
+                    }
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let t = a[(state >> 33) as usize % a.len()];
+                    if t == eos {
+                        break;
+                    }
+                    assert_eq!(m.advance(&[t]), Ok(1));
+                }
+            }
+        }
+        assert!(checkable > 100 && forced > 20, "{checkable} checkable, {forced} forced states");
     }
 
     #[test]

@@ -73,6 +73,15 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether a draw without the grammar's mask, kept when the grammar
+    /// allows its token, is the masked draw: a Gumbel-max over the whole row
+    /// (greedy, or temperature alone) picks the same token from any subset
+    /// that holds it. Top-k, top-p and min-p cut relative to the row's best,
+    /// which the mask moves, and logprobs are the masked row's.
+    pub fn mask_can_wait(&self) -> bool {
+        self.top_k == 0 && self.top_p == 1.0 && self.min_p == 0.0 && self.logprobs.is_none()
+    }
+
     fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

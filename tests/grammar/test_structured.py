@@ -205,6 +205,28 @@ def test_json_schema_suite(long_runs, temperature):
         print(f"refused {name}: {message[:200]}")
 
 
+def test_masks_on_demand_give_the_tokens_of_masks_computed_first(long_runs, quantized):
+    """On a CPU a row is drawn without its grammar mask and checked after
+    (masks="on_demand", the default there): over the sampled suite and the
+    whitespace-biased runs (the bias makes the grammar refuse most draws),
+    every output is token for token the one of masks computed beforehand
+    while the forward pass runs (masks="overlap")."""
+    from guided import LLM
+    with pytest.raises(ValueError, match="masks must be one of 'auto', 'overlap', 'on_demand', got 'lazy'"):
+        LLM(masks="lazy")   # refused before the model loads
+    overlap = LLM(max_num_seqs=64, kv_cache_tokens=32768, masks="overlap")
+    params = [*_whitespace_params(quantized), *_suite_params(long_runs["schemas"], 1.0)]
+    want = [*long_runs["whitespace"], *long_runs["suite 1.0"]]
+    outs = overlap.generate([PROMPT] * len(params), params)
+    differ = [(p.structured_outputs, a.text[:80], b.text[:80])
+              for p, a, b in zip(params, outs, want) if a.token_ids != b.token_ids]
+    assert not differ, differ[:3]
+    stats, theirs = quantized.stats(), overlap.stats()
+    assert theirs["mask_rows_on_demand"] == 0
+    assert 0 < stats["mask_rows_refused"] < stats["mask_rows_on_demand"], stats
+    assert stats["mask_rows"] < theirs["mask_rows"], (stats, theirs)
+
+
 @pytest.fixture(scope="module")
 def random_drafts():
     """The default model as ``quantized`` runs it, speculating with drafts of

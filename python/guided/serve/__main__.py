@@ -47,6 +47,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="on CUDA: auto captures decode steps as CUDA graphs per batch-size bucket "
                          "where guided's kernels run; off runs them eagerly; padded runs the buckets "
                          "without capturing")
+    ap.add_argument("--masks", default="auto", choices=["auto", "overlap", "on_demand"],
+                    help="grammar masks: overlap computes each constrained row's while the forward "
+                         "pass runs; on_demand only where the grammar refuses the token drawn "
+                         "without it (the same tokens); auto: on_demand on a CPU, overlap on a GPU")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -132,7 +136,7 @@ def main(argv=None) -> None:
               kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
               chat_template=args.chat_template, tensor_parallel_size=args.tensor_parallel_size,
               speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-              cpu_step=args.cpu_step, cuda_graphs=args.cuda_graphs)
+              cpu_step=args.cpu_step, cuda_graphs=args.cuda_graphs, masks=args.masks)
     names = served_names(args.served_model_name, args.model, llm.loaded.path)
     policy = ConstraintPolicy(allow_constraint_api=args.allow_constraint_api,
                               allow_special_tokens=args.allow_grammar_special_tokens,
