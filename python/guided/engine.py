@@ -4,10 +4,8 @@ One engine step crosses into Rust four times in all (schedule, start_masks,
 sample, update), whatever the batch size; where the model runner samples on
 the GPU, device_rows stands for sample (model/device_sampler.py). Grammar
 masks are computed on Rust threads while the forward pass runs; sample()
-joins them. Where the forward pass runs on the CPU, those threads would take
-its cores: there a row is drawn without its mask and its token checked, the
-mask computed only where the grammar refuses it (EngineConfig.masks,
-rust/engine/masks.rs). Python keeps only
+joins them (on a CPU, mostly only where the drawn token needs one:
+EngineConfig.masks). Python keeps only
 what runs once per token per request and needs text: detokenizing and stop
 strings.
 """
@@ -49,10 +47,6 @@ class RequestGrammar(Protocol):
     def reasoning_end(self) -> tuple[int, int] | None: ...
 
 
-#: EngineConfig.masks
-MASK_POLICIES = ("auto", "overlap", "on_demand")
-
-
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 64
@@ -75,18 +69,14 @@ class EngineConfig:
     #: Decode steps as CUDA graphs per batch-size bucket: "auto" (on CUDA where our kernels run),
     #: "off", or "padded" (the buckets without capture: model/decode_graphs.py).
     cuda_graphs: str = "auto"
-    #: Where grammar masks are computed: "overlap" computes every constrained row's mask on
-    #: threads while the forward pass runs; "on_demand" draws a row without its mask where the
-    #: mask could only change the draw by refusing its token (no top-k/top-p/min-p, no
-    #: logprobs), then computes the mask only for a token the grammar refuses and draws that
-    #: row again from the same random stream: the same tokens, without computing most masks.
-    #: "auto": on_demand where the forward pass runs on the CPU (its cores are the mask
-    #: threads' too), overlap on a GPU.
+    #: Grammar masks: "overlap" computes each constrained row's while the forward pass runs;
+    #: "on_demand" only where the grammar refuses the token drawn without it (the same tokens:
+    #: rust/engine/masks.rs); "auto": on_demand where the forward pass runs on the CPU.
     masks: str = "auto"
 
     def __post_init__(self):
-        if self.masks not in MASK_POLICIES:   # before any model is loaded
-            raise ValueError(f"masks must be one of {', '.join(map(repr, MASK_POLICIES))}, got {self.masks!r}")
+        if self.masks not in (policies := ("auto", "overlap", "on_demand")):   # before any load
+            raise ValueError(f"masks must be one of {', '.join(map(repr, policies))}, got {self.masks!r}")
 
     def model_len(self, mc) -> int:
         """The longest sequence served: max_model_len, within the model's positions."""
@@ -154,7 +144,8 @@ class Engine:
             max_model_len=self.max_model_len, eos_token_ids=sorted(self.special.end_ids),
             enable_prefix_caching=config.enable_prefix_caching, speculative=config.speculative,
             num_speculative_tokens=config.num_speculative_tokens, drafter=config.drafter,
-            masks=self._mask_policy(config.masks, loaded.device))
+            masks=("on_demand" if loaded.device.type == "cpu" else "overlap") if config.masks == "auto"
+            else config.masks)
         self.step_cost = StepCost()
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
@@ -175,12 +166,6 @@ class Engine:
         log.info("KV cache on %s: %d blocks of %d tokens (%d tokens), max_model_len %d",
                  loaded.device, blocks, config.block_size, blocks * config.block_size,
                  self.max_model_len)
-
-    @staticmethod
-    def _mask_policy(masks: str, device) -> str:
-        if masks == "auto":
-            return "on_demand" if str(device).startswith("cpu") else "overlap"
-        return masks
 
     # -- grammars --------------------------------------------------------
 
@@ -274,8 +259,7 @@ class Engine:
         if plan is None:
             return pending
         self.counters["steps"] += 1
-        self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10), or wait
-                                      # for sample() to find them needed (masks="on_demand")
+        self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10)
         started = time.perf_counter()
         try:
             logits = self.runner.execute(plan)
