@@ -728,9 +728,14 @@ impl Scheduler {
             .iter()
             .map(|&i| (batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some()).then_some(&owned[i][..]))
             .collect();
-        let streams: Vec<Option<Stream>> = ids.iter().map(|id| self.seqs.get(id).map(|s| s.rng)).collect();
+        // where rows were drawn without their mask, the streams they start from (for a redraw)
+        let deferred = batch.filter(|b| which.iter().any(|&i| b.deferred[i]));
+        let streams: Vec<Option<Stream>> = match deferred {
+            Some(_) => ids.iter().map(|id| self.seqs.get(id).map(|s| s.rng)).collect(),
+            None => Vec::new(),
+        };
         let mut out = self.with_rows(&ids, |rows_in, rngs| sample_rows(logits, vocab, &masks, rows_in, rngs));
-        if let Some(b) = batch {
+        if let Some(b) = deferred {
             self.redraw_refused(b, logits, vocab, which, &ids, &streams, mask, &mut out);
         }
         // rows of sequences aborted since schedule() drew from a stand-in

@@ -87,7 +87,7 @@ impl Scheduler {
             return;
         }
         let t0 = Instant::now();
-        let refused: Vec<(usize, Vec<i32>)> = self
+        let mut refused: Vec<(usize, Vec<i32>)> = self
             .seqs
             .iter_mut()
             .filter_map(|(id, s)| Some((*deferred.get(id)?, s.constraint.as_mut()?)))
@@ -108,17 +108,14 @@ impl Scheduler {
         if !refused.is_empty() {
             let sub_ids: Vec<SeqId> = refused.iter().map(|(k, _)| ids[*k]).collect();
             let sub_logits: Vec<f32> = refused.iter().flat_map(|(k, _)| &logits[k * vocab..(k + 1) * vocab]).copied().collect();
-            let masks: Vec<Vec<i32>> = refused
-                .iter()
-                .map(|(k, g)| match mask {
-                    Some((ext, w)) => {
-                        let e = &ext[which[*k] * w..(which[*k] + 1) * w];
-                        g.iter().zip(e).map(|(a, b)| a & b).collect()
-                    }
-                    None => g.clone(),
-                })
-                .collect();
-            let masks: Vec<Option<&[i32]>> = masks.iter().map(|m| Some(&m[..])).collect();
+            if let Some((ext, w)) = mask {
+                // ANDed as row_masks does: words past the shorter one disallow
+                for (k, g) in &mut refused {
+                    g.truncate(w);
+                    g.iter_mut().zip(&ext[which[*k] * w..(which[*k] + 1) * w]).for_each(|(a, b)| *a &= b);
+                }
+            }
+            let masks: Vec<Option<&[i32]>> = refused.iter().map(|(_, g)| Some(&g[..])).collect();
             for (id, (k, _)) in sub_ids.iter().zip(&refused) {
                 if let (Some(seq), Some(rng)) = (self.seqs.get_mut(id), streams[*k]) {
                     seq.rng = rng;
