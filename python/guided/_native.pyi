@@ -10,6 +10,7 @@ fine); a plan left without its ``update()`` is dropped at the next
 the prefix cache only once a later call confirms the pass ran.
 """
 
+import os
 from typing import Callable, Self, Sequence, TypeAlias, final
 
 import numpy as np
@@ -19,7 +20,7 @@ from guided.model.layer_kinds import Activation, NormKind, NormPlacement, QkNorm
 from guided.sampling_params import SamplingParams
 
 __all__ = ["CpuDecoder", "DeviceRows", "Grammar", "GrammarCompiler", "Matcher", "NativeAttention", "NativeLayer", "NativeLinear",
-           "NativeMlp", "NativeMoe", "NativeShortConv", "NativeSpec", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
+           "NativeMlp", "NativeMoe", "NativeShortConv", "NativeSpec", "PackedFile", "QuantMatrix", "Scheduler", "StepOutput", "StepPlan",
            "check_sample_params", "cpu_paged_attention", "cuda_adjust_logits", "cuda_kernel_files", "cuda_masked_sample",
            "cuda_paged_decode", "cuda_status", "cuda_write_kv", "ggml_quantize", "packed_kernels", "quant_formats", "quant_kernels",
            "reference_adjust_logits", "reference_masked_sample", "reference_paged_decode"]
@@ -397,6 +398,24 @@ class QuantMatrix:
     def dequantize_rows(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """The rows ``ids`` dequantized, [len(ids), cols] (an embedding lookup); an id past the
         last row is a ValueError naming it."""
+
+@final
+class PackedFile:
+    """A file of packed matrices (a load-cache entry, model/pack_cache.py), mapped
+    read-only: its pages shared with the page cache, read in place."""
+    def __new__(cls, path: str | os.PathLike[str]) -> Self:
+        """OSError where the file cannot be opened or mapped."""
+    @property
+    def size(self) -> int: ...
+    @staticmethod
+    def write(path: str | os.PathLike[str], matrices: Sequence[QuantMatrix]) -> list[tuple[int, int]]:
+        """Write the packed records of ``matrices`` to a new file at ``path`` (synced to the
+        disk), each from a multiple of 64 bytes: (offset, nbytes) of each, for ``matrix``.
+        ValueError names a matrix without a packing; OSError, a failed write."""
+    def matrix(self, ggml_type: int, rows: int, cols: int, offset: int, nbytes: int) -> QuantMatrix:
+        """The [rows, cols] matrix of format ``ggml_type`` whose packed records (a
+        ``write``) are the file's ``nbytes`` from ``offset``, not
+        copied. ValueError where they are not such a packing or not in the file."""
 
 def packed_kernels() -> str:
     """The ISA the multi-row packed kernels run with here: "avx512_vnni", "avx2" (also

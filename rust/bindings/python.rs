@@ -337,6 +337,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::bindings::python_grammar::PyGrammar>()?;
     m.add_class::<crate::bindings::python_grammar::PyMatcher>()?;
     m.add_class::<crate::bindings::python_quant::PyQuantMatrix>()?;
+    m.add_class::<crate::bindings::python_quant::PyPackedFile>()?;
     m.add_function(wrap_pyfunction!(crate::bindings::python_quant::quant_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(crate::bindings::python_quant::quant_formats, m)?)?;
     m.add_function(wrap_pyfunction!(crate::bindings::python_quant::ggml_quantize, m)?)?;

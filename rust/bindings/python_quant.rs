@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 use std::sync::Arc;
 
+use crate::cpu::packed;
 use crate::cpu::quant::{self, QuantMatrix};
 
 /// A weight matrix [rows, cols] in a ggml block format, multiplied by ggml's CPU kernels.
@@ -120,6 +121,50 @@ impl PyQuantMatrix {
 
     fn __repr__(&self) -> String {
         format!("QuantMatrix({}, [{}, {}])", self.inner.format_name(), self.inner.rows, self.inner.cols)
+    }
+}
+
+/// A file of packed matrices (a load-cache entry: model/pack_cache.py), mapped read-only.
+#[pyclass(name = "PackedFile", module = "guided._native", frozen)]
+pub struct PyPackedFile {
+    map: Arc<memmap2::Mmap>,
+}
+
+#[pymethods]
+impl PyPackedFile {
+    #[new]
+    fn new(path: std::path::PathBuf) -> PyResult<Self> {
+        packed::map_file(&path)
+            .map(|map| PyPackedFile { map })
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+    }
+
+    #[getter]
+    fn size(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Write the packed records of `matrices` to a new file at `path`, each from a multiple of
+    /// 64 bytes; (offset, nbytes) of each, for `matrix`. ValueError names a matrix without a
+    /// packing; OSError, a write that failed.
+    #[staticmethod]
+    fn write(py: Python<'_>, path: std::path::PathBuf, matrices: Vec<PyRef<'_, PyQuantMatrix>>) -> PyResult<Vec<(usize, usize)>> {
+        let held: Vec<Arc<QuantMatrix>> = matrices.iter().map(|m| m.inner.clone()).collect();
+        if let Some(i) = held.iter().position(|m| m.packed().is_none()) {
+            return Err(PyValueError::new_err(format!("matrix {i} ({}) has no packing", held[i].format_name())));
+        }
+        py.detach(|| packed::write_records(&path, held.iter().map(|m| m.packed().expect("checked").bytes())))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+    }
+
+    /// The [rows, cols] matrix of format `ggml_type` whose packed records are the file's `nbytes`
+    /// from `offset` (as `write` put them there), read in place; ValueError where they
+    /// are not such a packing or not in the file.
+    fn matrix(&self, py: Python<'_>, ggml_type: u32, rows: usize, cols: usize, offset: usize, nbytes: usize) -> PyResult<PyQuantMatrix> {
+        let records = packed::Records::mapped(&self.map, offset, nbytes).map_err(PyValueError::new_err)?;
+        py.detach(|| QuantMatrix::from_packed(ggml_type, rows, cols, records))
+            .map(|inner| PyQuantMatrix { inner: Arc::new(inner) })
+            .map_err(PyValueError::new_err)
     }
 }
 

@@ -26,6 +26,8 @@ use crate::cpu::activations::Activations;
 pub use crate::cpu::simd::{isa, Isa};
 use crate::cpu::pool::{self, SendPtr};
 
+use std::sync::Arc;
+
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
@@ -93,12 +95,65 @@ struct Decoded {
 
 /// A weight matrix [rows, cols] in a packed layout: for each group of eight
 /// rows, for each block, a record of scales, offsets and values.
+/// A packed matrix's records: packed in this process, or a slice of a load-cache file
+/// (model/pack_cache.py) mapped read-only, its pages shared with the page cache as a
+/// GGUF's are in llama.cpp. Cache files are only ever replaced by a rename, never written in
+/// place, so a mapping stays whole.
+pub enum Records {
+    Owned(Vec<u8>),
+    Mapped(Arc<memmap2::Mmap>, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Records {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Records::Owned(v) => v,
+            Records::Mapped(map, range) => &map[range.clone()],
+        }
+    }
+}
+
+impl Records {
+    /// `len` bytes of `map` from `offset`, where the map has them.
+    pub fn mapped(map: &Arc<memmap2::Mmap>, offset: usize, len: usize) -> Result<Records, String> {
+        match offset.checked_add(len) {
+            Some(end) if end <= map.len() => Ok(Records::Mapped(map.clone(), offset..end)),
+            _ => Err(format!("{len} bytes from {offset} run past the end of a {}-byte file", map.len())),
+        }
+    }
+}
+
+/// Each of `records` written to a new file at `path` from a multiple of 64 bytes: (offset,
+/// length) of each, as `Records::mapped` takes them.
+pub fn write_records<'a>(path: &std::path::Path, records: impl Iterator<Item = &'a [u8]>) -> std::io::Result<Vec<(usize, usize)>> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    let (mut at, mut out) = (0, Vec::new());
+    for r in records {
+        let pad = r.len().next_multiple_of(64) - r.len();
+        file.write_all(r)?;
+        file.write_all(&[0u8; 64][..pad])?;
+        out.push((at, r.len()));
+        at += r.len() + pad;
+    }
+    file.sync_data()?;
+    Ok(out)
+}
+
+/// A file of packed records (a load-cache entry), mapped read-only.
+pub fn map_file(path: &std::path::Path) -> std::io::Result<Arc<memmap2::Mmap>> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the cache writes a new file and renames it over an entry, never writing in place
+    Ok(Arc::new(unsafe { memmap2::Mmap::map(&file)? }))
+}
+
 pub struct PackedMatrix {
     packing: Packing,
     pub rows: usize,
     pub cols: usize,
     blocks: usize,
-    data: Vec<u8>,
+    data: Records,
     /// each row's ‖w‖₁ per 32-column block, for the precise product's bound (`refine`)
     norms: std::sync::OnceLock<BlockNorms>,
 }
@@ -145,7 +200,22 @@ impl PackedMatrix {
                 }
             }
         });
-        ok.into_inner().then_some(PackedMatrix { packing, rows, cols, blocks, data: out, norms: Default::default() })
+        ok.into_inner().then_some(PackedMatrix { packing, rows, cols, blocks, data: Records::Owned(out), norms: Default::default() })
+    }
+
+    /// A packing `pack` made earlier (its `bytes()`, kept in the load cache): None where `data`
+    /// is not the size that packing of a [rows, cols] matrix of format `ty` has.
+    pub fn from_packed(ty: u32, rows: usize, cols: usize, data: Records) -> Option<PackedMatrix> {
+        let packing = packing_of(ty)?;
+        let blocks = cols / BLOCK;
+        let whole = cols % BLOCK == 0 && !(cols % 256 != 0 && matches!(ty, 12..=14));
+        (whole && data.len() == rows.div_ceil(LANES) * blocks * packing.record())
+            .then_some(PackedMatrix { packing, rows, cols, blocks, data, norms: Default::default() })
+    }
+
+    /// The packed records, as `from_packed` takes them back.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
     }
 
     pub fn nbytes(&self) -> usize {

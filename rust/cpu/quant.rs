@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::cpu::activations::Activations;
-use crate::cpu::packed::{f16_to_f32, PackedMatrix};
+use crate::cpu::packed::{f16_to_f32, PackedMatrix, Records};
 use crate::cpu::pool::{self, SendPtr};
 
 type VecDot = unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
@@ -258,6 +258,16 @@ impl QuantMatrix {
         Ok(QuantMatrix { storage, format, rows, cols, row_bytes, act })
     }
 
+    /// A matrix packed earlier (`packed().bytes()` of one `new` made from the same format and
+    /// shape), taken as it is: the load cache's way around repacking a GGUF at every start.
+    pub fn from_packed(ty: u32, rows: usize, cols: usize, data: Records) -> Result<Self, String> {
+        let (given, probe) = (data.len(), QuantMatrix::new(ty, 0, cols, Vec::new())?);
+        let packed = PackedMatrix::from_packed(ty, rows, cols, data).ok_or_else(|| {
+            format!("{given} bytes are not a packed [{rows}, {cols}] {} matrix", probe.format_name())
+        })?;
+        Ok(QuantMatrix { storage: Storage::Packed(packed), rows, ..probe })
+    }
+
     /// `dense` [rows, cols] in format `ty`, by ggml's reference quantizer.
     pub fn quantize(ty: u32, rows: usize, cols: usize, dense: &[f32]) -> Result<Self, String> {
         QuantMatrix::new(ty, rows, cols, quantize_rows(ty, rows, cols, dense)?)
@@ -457,6 +467,36 @@ mod tests {
         assert!(QuantMatrix::new(3, 2, 33, vec![0; 40]).err().expect("refused").contains("blocks"));
         assert!(QuantMatrix::new(3, 2, 32, vec![0; 41]).err().expect("refused").contains("takes 40"));
         assert!(QuantMatrix::new(0, 2, 32, vec![0; 256]).err().expect("refused").contains("no quantized CPU kernel"));
+    }
+
+    /// A packing taken back from its bytes (the load cache) is the matrix it came from: the same
+    /// products bit for bit; bytes of another size or a format without a packing are refused by name.
+    #[test]
+    fn a_packing_taken_back_multiplies_as_the_matrix_it_came_from() {
+        if !available() {
+            return;
+        }
+        let (rows, cols) = (13, 256);
+        let dense: Vec<f32> = (0..rows * cols).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 11) % 23) as f32 / 23.0 - 0.5).collect();
+        for &(ty, name, _) in FORMATS.iter() {
+            let m = QuantMatrix::quantize(ty, rows, cols, &dense).unwrap();
+            let Some(packed) = m.packed() else {
+                assert!(QuantMatrix::from_packed(ty, rows, cols, Records::Owned(vec![0; 64])).is_err(), "{name} has no packing");
+                continue;
+            };
+            let back = QuantMatrix::from_packed(ty, rows, cols, Records::Owned(packed.bytes().to_vec())).unwrap();
+            assert_eq!((back.rows, back.cols, back.ggml_type(), back.nbytes()), (rows, cols, ty, m.nbytes()), "{name}");
+            for precise in [false, true] {
+                let (mut want, mut got) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+                m.matmul(&x, &mut want, precise);
+                back.matmul(&x, &mut got, precise);
+                assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} precise={precise}");
+            }
+            let short = packed.bytes()[1..].to_vec();
+            let err = QuantMatrix::from_packed(ty, rows, cols, Records::Owned(short)).err().expect("one byte short");
+            assert!(err.contains(name) && err.contains("[13, 256]"), "{err}");
+        }
     }
 
     #[test]

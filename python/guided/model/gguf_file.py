@@ -93,18 +93,26 @@ class GGUFFile:
             dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
             raw.append((name, tuple(reversed(dims)), GGMLQuantizationType(cur.scalar("<I")), cur.scalar("<Q")))
         align = int(self.metadata.get("general.alignment", 32))
-        data_start = -(-cur.pos // align) * align
-        self.tensors = [TensorInfo(n, s, q, data_start + off) for n, s, q, off in raw]
+        self.data_start = -(-cur.pos // align) * align
+        self.tensors = [TensorInfo(n, s, q, self.data_start + off) for n, s, q, off in raw]
+
+    def header(self) -> bytes:
+        """The bytes before the tensor data: the metadata and the tensor table."""
+        return self._map[:self.data_start]
+
+    @staticmethod
+    def raw_shape(info: TensorInfo) -> tuple[int, ...]:
+        """The shape `raw` gives the tensor's bytes: [*shape[:-1], row_bytes]."""
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        return (*info.shape[:-1], info.shape[-1] // block * type_size)
 
     def raw(self, info: TensorInfo) -> np.ndarray:
         """The tensor's bytes as stored: uint8 [*shape[:-1], row_bytes] (a view of the file)."""
-        block, type_size = GGML_QUANT_SIZES[info.qtype]
-        rows = int(np.prod(info.shape[:-1], dtype=np.int64))
-        row_bytes = info.shape[-1] // block * type_size
-        if info.offset + rows * row_bytes > len(self._map):
+        shape = self.raw_shape(info)
+        count = int(np.prod(shape, dtype=np.int64))
+        if info.offset + count > len(self._map):
             raise ValueError(f"{self.path}: tensor {info.name} runs past the end of the file (truncated?)")
-        data = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
-        return data.reshape(*info.shape[:-1], row_bytes)
+        return np.frombuffer(self._map, dtype=np.uint8, count=count, offset=info.offset).reshape(shape)
 
     def read(self, info: TensorInfo) -> np.ndarray:
         """The tensor as float32 (or its stored float type), shaped in torch order."""

@@ -1,7 +1,9 @@
 """Loading a .gguf file: config from metadata, dequantised weights, tokenizer, template."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -9,6 +11,7 @@ from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile, TensorInfo
+from .pack_cache import PackCache
 from .quant_linear import FORMATS, QuantWeight
 from .tokenizer_gguf import build_gguf_tokenizer
 from .weights import WeightSink
@@ -98,6 +101,7 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
     is dequantized to `dtype`."""
     gguf = GGUFFile(path)
     md = gguf.metadata
+    cache = PackCache.for_file(gguf) if quantized else None
     config = ModelConfig.from_gguf(md)
     sink = WeightSink(config, dtype, device)
     freq_factors = None
@@ -119,21 +123,31 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
         if name.endswith(("k_b_proj.weight", "v_b_proj.weight")):
             _kv_b(sink, halves, name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
             continue
-        keep_blocks = quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS)
-        w = _quant_weight(gguf, info) if keep_blocks else \
-            _as_ours(name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
-        blocks = w.blocks if keep_blocks else w
-        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-            blocks = unpermute(blocks, config.num_heads)
-        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-            blocks = unpermute(blocks, config.num_kv_heads)
-        elif config.latent is not None and config.latent.interleaved and \
-                name.endswith(("q_proj.weight", "q_b_proj.weight", "kv_a_proj.weight")):
-            blocks = latent_halves(name, blocks, config)
-        sink.add(name, QuantWeight(w.ggml_type, w.cols, blocks) if keep_blocks else blocks)
+        move = _row_move(name, config, permuted)
+        if quantized and info.qtype in FORMATS and name.endswith(_LINEAR_WEIGHTS):
+            w = QuantWeight(int(info.qtype), info.shape[-1], gguf.raw_shape(info),
+                            functools.partial(gguf.raw, info), info.name, cache)
+            sink.add(name, w.moved(*move) if move else w)
+        else:
+            w = _as_ours(name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
+            sink.add(name, move[1](w) if move else w)
     model = sink.build()
+    if cache is not None:
+        cache.save()
     model.init_rotary(device, dtype, freq_factors)
     return config, model, md
+
+
+def _row_move(name: str, config: ModelConfig, permuted: bool) -> tuple[str, Callable] | None:
+    """How the rows of tensor `name` move into our layout (named, for QuantWeight.key), if they do."""
+    if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+        return f"unpermute({config.num_heads})", functools.partial(unpermute, n_heads=config.num_heads)
+    if permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+        return f"unpermute({config.num_kv_heads})", functools.partial(unpermute, n_heads=config.num_kv_heads)
+    if config.latent is not None and config.latent.interleaved and \
+            name.endswith(("q_proj.weight", "q_b_proj.weight", "kv_a_proj.weight")):
+        return "latent_halves", lambda w: latent_halves(name, w, config)
+    return None
 
 
 def _kv_b(sink: WeightSink, halves: dict, name: str, w: torch.Tensor) -> None:
@@ -184,11 +198,6 @@ def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo],
 # in their blocks too (a QuantEmbedding, the head's matrix where the two are tied)
 _LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight",
                    "moe.gate_exps", "moe.up_exps", "moe.down_exps")
-
-
-def _quant_weight(gguf: GGUFFile, info: TensorInfo) -> QuantWeight:
-    """The tensor's blocks, copied out of the file's map, rows permutable like any tensor's."""
-    return QuantWeight(int(info.qtype), info.shape[-1], torch.from_numpy(np.array(gguf.raw(info))))
 
 
 def gguf_tokenizer_info(md: dict) -> dict:

@@ -16,13 +16,17 @@ other users had cached (issue 38).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from .. import _native
+
+if TYPE_CHECKING:
+    from .pack_cache import PackCache
 
 #: ggml type id → name, for the formats with a quantized kernel on this build.
 FORMATS = dict((ty, name) for name, ty in _native.quant_formats())
@@ -31,19 +35,41 @@ def kernels_available() -> bool:
     return _native.quant_kernels() is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantWeight:
-    """A GGUF weight's raw blocks: [rows, row_bytes] uint8, rows = output features."""
+    """A GGUF weight's raw blocks, read on demand: uint8 `shape` [rows, row_bytes] (rows =
+    output features; a GGUF's 3-D experts [experts, rows, row_bytes]). `read` gives them (a
+    view of the file, or a copy with rows moved); `key` names them: the tensors they come from
+    and the row moves made (the pack cache's name for their matrix). A load that finds every
+    matrix in its `cache` never reads a block."""
     ggml_type: int
     cols: int
-    blocks: torch.Tensor
+    shape: tuple[int, ...]
+    read: Callable[[], np.ndarray]
+    key: str
+    cache: PackCache | None = None
 
     def matrix(self) -> _native.QuantMatrix:
-        data = self.blocks.contiguous().numpy().reshape(-1)
-        return _native.QuantMatrix(self.ggml_type, self.blocks.shape[0], self.cols, data)
+        """The native matrix: taken back from the cache, else packed (and kept for the cache)."""
+        if self.cache is not None and (found := self.cache.get(self)) is not None:
+            return found
+        data = np.ascontiguousarray(self.read()).reshape(-1)
+        m = _native.QuantMatrix(self.ggml_type, self.shape[0], self.cols, data)
+        if self.cache is not None:
+            self.cache.add(self, m)
+        return m
 
     def dense(self) -> torch.Tensor:
-        return torch.from_numpy(self.matrix().dequantize())
+        return torch.from_numpy(replace(self, cache=None).matrix().dequantize())
+
+    def moved(self, how: str, move: Callable[[torch.Tensor], torch.Tensor]) -> QuantWeight:
+        """The rows moved by `move` (whole rows: a permutation, named `how` in the key)."""
+        return replace(self, read=lambda: move(torch.from_numpy(np.array(self.read()))).numpy(),
+                       key=f"{self.key}|{how}")
+
+    def expert(self, e: int) -> QuantWeight:
+        """Expert `e`'s rows of a 3-D expert tensor."""
+        return replace(self, shape=self.shape[1:], read=lambda: self.read()[e], key=f"{self.key}[{e}]")
 
     @staticmethod
     def concat(parts: list[QuantWeight]) -> QuantWeight | list[QuantWeight] | None:
@@ -53,7 +79,9 @@ class QuantWeight:
             return None
         if len({p.ggml_type for p in parts}) != 1:
             return list(parts)
-        return QuantWeight(parts[0].ggml_type, parts[0].cols, torch.cat([p.blocks for p in parts]))
+        return replace(parts[0], shape=(sum(p.shape[0] for p in parts), *parts[0].shape[1:]),
+                       read=lambda: np.concatenate([p.read() for p in parts]),
+                       key="+".join(p.key for p in parts))
 
 
 class QuantEmbedding(nn.Module):

@@ -183,14 +183,12 @@ class WeightSink:
         held = {}
         for prefix, parts in self._expert_blocks.items():
             gate, up, down = (parts[k] for k in _EXPERT_BLOCKS)
-            joined = [QuantWeight.concat([QuantWeight(gate.ggml_type, gate.cols, gate.blocks[e]),
-                                          QuantWeight(up.ggml_type, up.cols, up.blocks[e])])
-                      for e in range(gate.blocks.shape[0])]
+            joined = [QuantWeight.concat([gate.expert(e), up.expert(e)]) for e in range(gate.shape[0])]
             if all(isinstance(j, QuantWeight) for j in joined):
                 held[prefix] = ([j.matrix() for j in joined],
-                                [QuantWeight(down.ggml_type, down.cols, b).matrix() for b in down.blocks])
+                                [down.expert(e).matrix() for e in range(down.shape[0])])
                 continue
-            dense = {k: torch.stack([QuantWeight(w.ggml_type, w.cols, b).dense() for b in w.blocks])
+            dense = {k: torch.stack([w.expert(e).dense() for e in range(w.shape[0])])
                      for k, w in parts.items()}
             self.state[f"{prefix}.moe.gate_up"] = torch.cat([dense["gate_exps"], dense["up_exps"]], dim=1)
             self.state[f"{prefix}.moe.down"] = dense["down_exps"]
