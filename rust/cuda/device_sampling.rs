@@ -113,6 +113,12 @@ mod tests {
     use crate::sampling::cpu_sampler::{sample_row, SamplingParams};
     use proptest::prelude::*;
 
+    /// The rows' params asking for the sampled token's logprob too, which the host computes only
+    /// when asked (the draw is the same either way): the host's reference for the device's.
+    fn asking(rows: &[Row<'_>]) -> Vec<SamplingParams> {
+        rows.iter().map(|r| SamplingParams { logprobs: Some(0), ..r.params.clone() }).collect()
+    }
+
     fn logits(vocab: usize, salt: u32) -> Vec<f32> {
         (0..vocab as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt.wrapping_mul(40_503)) % 1_000_003) as f32 / 100_000.0 - 5.0).collect()
     }
@@ -145,6 +151,7 @@ mod tests {
         let banned = [6u32, 11];
         let rows: Vec<Row<'_>> = all.iter().map(|p| Row { params: p, prompt: &prompt, output: &output, banned: &banned }).collect();
         let masks: Vec<Option<&[i32]>> = (0..rows.len()).map(|i| [None, Some(&grammar[..]), Some(&short[..])][i % 3]).collect();
+        let asked = asking(&rows);
         for step in 0..30u64 {
             let x: Vec<f32> = (0..rows.len() as u32).flat_map(|r| logits(vocab, r * 31 + step as u32)).collect();
             let mut host_rngs: Vec<Stream> = (0..rows.len()).map(|i| Stream { seed: 40 + i as u64, step }).collect();
@@ -154,7 +161,7 @@ mod tests {
             let mut y = x.clone();
             adjust_logits(&mut y, vocab, &d.adjust).unwrap();
             for (i, row) in rows.iter().enumerate() {
-                let want = sample_row(&x[i * vocab..(i + 1) * vocab], masks[i], row, &mut host_rngs[i]);
+                let want = sample_row(&x[i * vocab..(i + 1) * vocab], masks[i], &Row { params: &asked[i], ..*row }, &mut host_rngs[i]);
                 let mask = (d.words > 0).then(|| &d.mask[i * d.words..(i + 1) * d.words]);
                 let (token, logprob) = masked_sample(&y[i * vocab..(i + 1) * vocab], mask, &d.params[i]);
                 assert_eq!(token, want.token, "row {i} step {step}");
@@ -220,10 +227,11 @@ mod tests {
             let mut host_rngs: Vec<Stream> = rows.iter().map(|r| r.stream).collect();
             let mut dev_rngs = host_rngs.clone();
             let d = device_rows(vocab, &masks, &sampler_rows, &mut dev_rngs);
+            let asked = asking(&sampler_rows);
             let mut y = x.clone();
             adjust_logits(&mut y, vocab, &d.adjust).unwrap();
             for (i, row) in sampler_rows.iter().enumerate() {
-                let want = sample_row(&x[i * vocab..(i + 1) * vocab], masks[i], row, &mut host_rngs[i]);
+                let want = sample_row(&x[i * vocab..(i + 1) * vocab], masks[i], &Row { params: &asked[i], ..*row }, &mut host_rngs[i]);
                 let mask = (d.words > 0).then(|| &d.mask[i * d.words..(i + 1) * d.words]);
                 let (token, logprob) = masked_sample(&y[i * vocab..(i + 1) * vocab], mask, &d.params[i]);
                 prop_assert_eq!(token, want.token, "row {}", i);

@@ -477,7 +477,7 @@ mod tests {
         use crate::sampling::random::{mix64, Stream};
         use crate::sampling::cpu_sampler::{sample_row, Row, SamplingParams};
         let mut rng = Stream::new(Some(3));
-        let params = SamplingParams::default();
+        let params = SamplingParams { logprobs: Some(0), ..SamplingParams::default() }; // its logprob too
         let row = Row { params: &params, prompt: &[], output: &[], banned: &[] };
         for case in 0u64..20 {
             let vocab = 1000 + case as usize * 37; // not a multiple of 32
@@ -502,7 +502,7 @@ mod tests {
             let logits: Vec<f32> = (0..vocab).map(|i| (mix64(case * 100_000 + i as u64) >> 44) as f32 / 1e4 - 50.0).collect();
             let words: Vec<i32> = (0..vocab.div_ceil(32)).map(|w| (mix64(case ^ (w as u64 * 7)) | 1) as i32).collect();
             let (temperature, top_k, top_p, min_p) = knobs[case as usize % knobs.len()];
-            let params = SamplingParams { temperature, top_k, top_p, min_p, ..SamplingParams::default() };
+            let params = SamplingParams { temperature, top_k, top_p, min_p, logprobs: Some(0), ..SamplingParams::default() };
             let row = Row { params: &params, prompt: &[], output: &[], banned: &[] };
             let mut stream = Stream::new(Some(case));
             for step in 0..5 {
