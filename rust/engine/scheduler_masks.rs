@@ -5,11 +5,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use rayon::prelude::*;
-
 use super::{Error, Scheduler};
+use crate::cpu::pool::{self, SendPtr};
 use crate::engine::masks::{MaskBatch, MaskJob, MaskPolicy, MaskSpan};
-use crate::engine::sequence::SeqId;
+use crate::engine::sequence::{Constraint, SeqId};
 use crate::sampling::cpu_sampler::{sample_rows, Sampled};
 use crate::sampling::random::Stream;
 
@@ -87,22 +86,25 @@ impl Scheduler {
             return;
         }
         let t0 = Instant::now();
-        let mut refused: Vec<(usize, Vec<i32>)> = self
-            .seqs
-            .iter_mut()
-            .filter_map(|(id, s)| Some((*deferred.get(id)?, s.constraint.as_mut()?)))
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .filter_map(|((k, token), c)| {
-                let m = c.matcher.as_mut()?;
-                if u32::try_from(token).is_ok_and(|t| m.allows(t)) {
-                    return None;
-                }
-                let (words, err) = m.compute_mask();
-                c.mask_error = err;
-                Some((k, words))
-            })
-            .collect();
+        let mut work: Vec<((usize, i64), &mut Constraint)> =
+            self.seqs.iter_mut().filter_map(|(id, s)| Some((*deferred.get(id)?, s.constraint.as_mut()?))).collect();
+        // on the kernels' pool, as the rows are drawn (cpu_sampler::sample_rows): its helpers
+        // still spin from the forward pass, where rayon's would have to wake beside them
+        let mut masks_of: Vec<Option<Vec<i32>>> = vec![None; work.len()];
+        let (work_at, masks_at) = (SendPtr(work.as_mut_ptr()), SendPtr(masks_of.as_mut_ptr()));
+        pool::run(work.len(), &|i| {
+            // SAFETY: task i alone touches work[i] and masks_of[i], alive until the loop is done
+            let (((_, token), c), slot) = unsafe { (&mut *work_at.get().add(i), &mut *masks_at.get().add(i)) };
+            let Some(m) = c.matcher.as_mut() else { return };
+            if u32::try_from(*token).is_ok_and(|t| m.allows(t)) {
+                return;
+            }
+            let (words, err) = m.compute_mask();
+            c.mask_error = err;
+            *slot = Some(words);
+        });
+        let mut refused: Vec<(usize, Vec<i32>)> =
+            work.iter().zip(masks_of).filter_map(|(((k, _), _), words)| Some((*k, words?))).collect();
         self.counters.mask_rows_refused += refused.len();
         self.counters.mask_rows += refused.len();
         if !refused.is_empty() {
