@@ -19,6 +19,7 @@ pub mod cuda;
 pub mod engine;
 pub mod grammar;
 pub mod sampling;
+pub mod threads;
 
 #[cfg(feature = "python")]
 mod bindings;

@@ -161,11 +161,12 @@ def test_no_python_source_file_is_too_long():
 #: the crate root that declares them, excepted). Only the bindings name the
 #: bindings; the core layers import nothing of each other but what is listed.
 RUST_LAYERS: dict[str, set[str]] = {
-    "cpu": set(),         # the native CPU step and its kernels
-    "sampling": set(),    # the seeded random stream, the CPU sampler
+    "threads": set(),     # the pool the step's short parallel loops share
+    "cpu": {"threads"},   # the native CPU step and its kernels
+    "sampling": {"threads"},   # the seeded random stream, the CPU sampler
     "grammar": set(),     # llguidance's matchers, the closing search
     "cuda": {"cpu", "sampling"},            # launchers, CPU references, device rows
-    "engine": {"grammar", "sampling", "cuda"},   # the scheduler and what it schedules
+    "engine": {"grammar", "sampling", "cuda", "threads"},   # the scheduler and what it schedules
     "bindings": {"cpu", "sampling", "grammar", "cuda", "engine"},   # PyO3, translation only
 }
 #: Stems a Rust file may share with a Python or CUDA file, for the one concept

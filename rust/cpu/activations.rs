@@ -3,7 +3,7 @@
 //! rounded to nearest (ties to even), and the scaled sum of each block's
 //! values for the formats with offsets.
 
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::cpu::simd::{isa, Isa};
 
 /// Columns per block (activations and packed weights).

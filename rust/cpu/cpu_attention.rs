@@ -17,7 +17,7 @@
 
 use std::cell::RefCell;
 
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::cpu::simd::avx2;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::simd::{exp8_one, exp_minus, hsum4};

@@ -7,7 +7,7 @@
 //! multiply-adds in column order, then their sum: the same operations
 //! whatever the batch, so a row's result never depends on the other rows.
 
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::cpu::simd::avx2;
 
 #[cfg(target_arch = "x86_64")]

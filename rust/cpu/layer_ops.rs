@@ -3,7 +3,7 @@
 //! split of a step's rows over the pool's threads. Each row is computed by
 //! the same operations whatever rows share the step.
 
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::cpu::simd::avx2;
 
 /// The gated MLP's f(gate, up).

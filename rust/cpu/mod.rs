@@ -1,5 +1,5 @@
 //! The native CPU step (`native_step.rs`: a whole step of a model in one
-//! call) and its kernels. Imports nothing of the other folders.
+//! call) and its kernels. Imports only the thread pool (threads/).
 
 pub mod activations;
 pub mod cpu_attention;
@@ -9,7 +9,6 @@ pub mod gated_conv;
 pub mod layer_ops;
 pub mod native_step;
 pub mod packed;
-pub mod pool;
 pub mod quant;
 pub mod simd;
 pub mod step_profile;

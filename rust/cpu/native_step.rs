@@ -26,7 +26,7 @@ pub use crate::cpu::layer_ops::NormKind;
 pub use crate::cpu::expert_routing::{Routing, Scoring};
 use crate::cpu::expert_routing::route;
 use crate::cpu::activations::Activations;
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::cpu::quant::QuantMatrix;
 use crate::cpu::gated_conv::{ConvRows, ShortConv};
 pub use crate::cpu::step_profile::{Phase, Profile, PHASES};

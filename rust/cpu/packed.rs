@@ -24,7 +24,7 @@
 pub use crate::cpu::activations::BLOCK;
 use crate::cpu::activations::Activations;
 pub use crate::cpu::simd::{isa, Isa};
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 
 use std::sync::Arc;
 

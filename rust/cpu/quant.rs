@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::cpu::activations::Activations;
 use crate::cpu::packed::{f16_to_f32, PackedMatrix, Records};
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 
 type VecDot = unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, usize, *const c_void, usize, c_int);
 type Quantize = unsafe extern "C" fn(*const f32, *mut c_void, i64);

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::{Error, Scheduler};
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::engine::masks::{MaskBatch, MaskJob, MaskPolicy, MaskSpan};
 use crate::engine::sequence::{Constraint, SeqId};
 use crate::sampling::cpu_sampler::{sample_rows, Sampled};

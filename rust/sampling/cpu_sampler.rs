@@ -8,7 +8,7 @@
 //! than an arbitrary token.
 
 
-use crate::cpu::pool::{self, SendPtr};
+use crate::threads::pool::{self, SendPtr};
 use crate::sampling::random::{gumbel, gumbel_bound, Stream};
 
 /// Sampling knobs, validated by [`SamplingParams::validate`].

@@ -158,7 +158,7 @@ class ModelRunner:
         process's: set for the step and restored after it).
 
         With quantized weights a step runs torch on one thread: its linears and
-        its attention run in the kernels' own threads (rust/cpu/pool.rs), and its
+        its attention run in the kernels' own threads (rust/threads/pool.rs), and its
         other ops are too small for torch to split, yet torch's idle OpenMP
         threads spin after every op on the cores the kernels need (2-core
         AVX2 EPYC, batch 1: 22 → 53 tok/s; batch 16: 70 → 137).

@@ -140,7 +140,7 @@ def run_fleet(args, argv: list[str]) -> None:
     events = _kv_events(args, urls) if args.router_policy == "kv_aware" else None
     env = dict(os.environ)
     # the replicas share this machine's cores: each one's torch threads and native kernel
-    # threads (rust/cpu/pool.rs, rayon's count) split them
+    # threads (rust/threads/pool.rs, rayon's count) split them
     share = str(max(1, (os.cpu_count() or 1) // args.replicas))
     env.setdefault("OMP_NUM_THREADS", share)
     env.setdefault("RAYON_NUM_THREADS", share)
