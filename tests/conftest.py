@@ -9,6 +9,9 @@ GUIDED_HYPOTHESIS=thorough runs many more cases.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,18 @@ from helpers import families
 from helpers.live_server import API_KEY, running_server
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+# The packed matrices of the models the suite loads (the default model, the chat families
+# built from its weights in temporary folders) go to a folder of the session's, inherited by
+# the servers it starts, never to the user's cache: removed at the end (pytest_sessionfinish).
+_PACK_CACHE = tempfile.mkdtemp(prefix="guided-pack-cache-")
+os.environ["GUIDED_PACK_CACHE_DIR"] = _PACK_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for writer in [t for t in threading.enumerate() if t.name == "pack-cache"]:
+        writer.join()
+    shutil.rmtree(_PACK_CACHE, ignore_errors=True)
 
 settings.register_profile("default", max_examples=100, derandomize=True, database=None,
                           deadline=None, suppress_health_check=list(HealthCheck))

@@ -46,9 +46,9 @@ class _Load:
     """load_model with the cache under `tmp_path`: the blocks read, the cache used, the logits."""
 
     def __init__(self, monkeypatch, tmp_path):
-        monkeypatch.setenv("GUIDED_CACHE", str(tmp_path))
-        monkeypatch.setattr(pack_cache, "MIN_BYTES", 0)
         self.dir = tmp_path / "packed"
+        monkeypatch.setenv("GUIDED_PACK_CACHE_DIR", str(self.dir))
+        monkeypatch.setattr(pack_cache, "MIN_BYTES", 0)
         self.raw: list[str] = []      # tensors whose bytes were read
         self.floats: list[str] = []   # ... of those, the ones read as floats by the file's reader
         self.caches: list[pack_cache.PackCache] = []
@@ -172,7 +172,7 @@ def test_a_cache_that_cannot_be_written_leaves_the_load_as_it_was(ggufs, monkeyp
     load = _Load(monkeypatch, tmp_path)
     _, _, want = load(ggufs["qwen3_moe"], prompts)
     (tmp_path / "blocked").write_text("a file where the cache's folder would be")
-    monkeypatch.setenv("GUIDED_CACHE", str(tmp_path / "blocked"))
+    monkeypatch.setenv("GUIDED_PACK_CACHE_DIR", str(tmp_path / "blocked" / "packed"))
     with caplog.at_level(logging.WARNING, logger="guided.model"):
         _, _, got = load(ggufs["qwen3_moe"], prompts)
     assert "pack cache: cannot use" in caplog.text

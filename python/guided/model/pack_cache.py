@@ -19,7 +19,8 @@ Entries are written (a temporary file, then renamed: a crash leaves none)
 only for models whose packed matrices reach ``MIN_BYTES``; smaller ones
 pack faster than a cache pays. Writing an entry removes those of files that
 are gone and older ones of the same file. ``GUIDED_PACK_CACHE=off`` turns
-the cache off.
+the cache off; ``GUIDED_PACK_CACHE_DIR`` puts it elsewhere (the test suite's
+is a folder of its own, removed at the end).
 """
 from __future__ import annotations
 
@@ -92,11 +93,13 @@ class PackCache:
 
     @staticmethod
     def for_file(gguf: GGUFFile) -> PackCache | None:
-        """The default cache's entry for `gguf` (None where GUIDED_PACK_CACHE turns it off)."""
+        """The cache's entry for `gguf`, in GUIDED_PACK_CACHE_DIR, else `cache_dir()/packed`
+        (None where GUIDED_PACK_CACHE turns the cache off)."""
         if not enabled():
             return None
         from ..models import cache_dir
-        return PackCache(gguf, Path(cache_dir()) / "packed", MIN_BYTES)
+        directory = os.environ.get("GUIDED_PACK_CACHE_DIR") or Path(cache_dir()) / "packed"
+        return PackCache(gguf, directory, MIN_BYTES)
 
     def get(self, weight: QuantWeight) -> _native.QuantMatrix | None:
         """`weight`'s matrix as an earlier load packed it, or None (not there, or not the same shape)."""
