@@ -1,5 +1,5 @@
 """Client text never becomes control tokens (rule 7): tokenizer.text_tokenizer's
-copy of real vocabularies (SmolLM2's byte-level BPE; the same with its unused
+twin of real vocabularies (SmolLM2's byte-level BPE; the same with its unused
 added tokens non-special, as Qwen's tokenizer.json leaves `<tool_call>`; the
 152k Qwen vocabulary of DeepSeek-R1-Distill; Gemma 3's SentencePiece) over
 generated text laced with every added token's own text."""
@@ -11,11 +11,11 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer, pre_tokenizers
 
 from guided.model.gguf_file import GGUFFile
 from guided.model.gguf_loader import gguf_tokenizer_info
-from guided.tokenizer import text_tokenizer
+from guided.tokenizer import _byte_level_alphabet, _byte_level_bytes, text_tokenizer, twin
 
 
 def _deepseek() -> str:
@@ -59,3 +59,51 @@ def test_added_tokens_typed_as_text_stay_text(vocabulary, data):
     # the copy's flags are its own: the engine's tokenizer still parses its added tokens
     assert {i: t.special for i, t in tokenizer.get_added_tokens_decoder().items()} == flags
     assert not tokenizer.encode_special_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_twin_encodes_and_decodes_as_its_tokenizer(vocabulary, data):
+    """twin(): the same model shared, the added tokens at their ids (their
+    flags: the next test), special parsing on."""
+    tokenizer, _, flags = vocabulary
+    if id(tokenizer) not in _twins:
+        _twins[id(tokenizer)] = twin(tokenizer), [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    other, added = _twins[id(tokenizer)]
+    text = data.draw(st.builds(lambda parts: "".join(parts),
+                               st.lists(st.one_of(st.text(max_size=12), st.sampled_from(added)), max_size=12)))
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert other.encode(text, add_special_tokens=False).ids == ids
+    assert other.encode(text).ids == tokenizer.encode(text).ids   # BOS/EOS as the post-processor adds them
+    for skip in (True, False):
+        assert other.decode(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+_twins: dict[int, tuple[Tokenizer, list[str]]] = {}
+
+
+def test_what_is_added_to_a_twin_is_its_own(vocabulary):
+    tokenizer, _, flags = vocabulary
+    other = twin(tokenizer)
+    assert {i: t.special for i, t in other.get_added_tokens_decoder().items()} == flags
+    other.add_special_tokens([AddedToken("<|only the twin's|>", special=True)])
+    other.encode_special_tokens = True
+    assert other.token_to_id("<|only the twin's|>") is not None
+    assert tokenizer.token_to_id("<|only the twin's|>") is None and not tokenizer.encode_special_tokens
+    assert {i: t.special for i, t in tokenizer.get_added_tokens_decoder().items()} == flags
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=24), other=st.text(max_size=4))
+def test_byte_level_pieces_give_their_bytes(data, other):
+    """token_bytes' byte-level pieces: GPT-2's alphabet (tokenizers' own) back
+    to the bytes; a piece with any other character is taken as its text."""
+    inverse = _byte_level_alphabet()
+    assert set(inverse) == set(pre_tokenizers.ByteLevel.alphabet())
+    to_char = {b: c for c, b in inverse.items()}
+    piece_bytes = _byte_level_bytes(inverse)
+    piece = "".join(to_char[b] for b in data)
+    assert piece_bytes(piece) == data
+    mixed = piece + other
+    want = data + bytes(inverse[c] for c in other) if all(c in inverse for c in other) else mixed.encode()
+    assert piece_bytes(mixed) == want

@@ -5,6 +5,7 @@ that vocabulary. What the template matrix (tests/chat/test_chat_templates.py) ru
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -44,17 +45,23 @@ def markers(source: str) -> list[str]:
     return sorted(set(_MARKER.findall(source)))
 
 
+@functools.cache
+def _default_tokenizer(gguf_path: str):
+    """The default GGUF's tokenizer, built once; each template's is a twin of it."""
+    from guided.model.gguf_file import GGUFFile
+    from guided.model.gguf_loader import gguf_tokenizer_info
+    return gguf_tokenizer_info(GGUFFile(gguf_path).metadata)["tokenizer"]
+
+
 def template_model(name: str, gguf_path: str) -> TemplateModel:
     from guided._native import GrammarCompiler
     from guided.chat.chat_format import ChatFormat
-    from guided.model.gguf_file import GGUFFile
-    from guided.model.gguf_loader import gguf_tokenizer_info
     from guided.special_tokens import SpecialTokens
-    from guided.tokenizer import TokenizerWrapper, plain_encoder, token_bytes
+    from guided.tokenizer import TokenizerWrapper, plain_encoder, token_bytes, twin
 
     source = template_source(name)
     found = markers(source)
-    tokenizer = gguf_tokenizer_info(GGUFFile(gguf_path).metadata)["tokenizer"]
+    tokenizer = twin(_default_tokenizer(gguf_path))
     tokenizer.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in found])
     ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
     eos = next((e for e in _ENDS if e in found), "<|im_end|>")
