@@ -243,23 +243,24 @@ impl Head<'_> {
             }
             s
         };
-        for m in 0..g {
-            let qm = q.as_ptr().add(m * d);
-            let row = w.as_mut_ptr().add(m * n);
-            let mut i = 0;
-            while i + 4 <= n {
-                let keys = [0, 1, 2, 3].map(|j| kp.add(at[i + j]));
-                let sums = hsum4(keys.map(|key| dot(qm, key)));
-                for j in 0..4 {
-                    *row.add(i + j) = finish(sums[j], qm, keys[j]);
+        // four positions at a time, for every query head while their keys are in L1
+        let mut i = 0;
+        while i < n {
+            let four = i + 4 <= n;
+            let keys = [0, 1, 2, 3].map(|j| kp.add(at[if four { i + j } else { i }]));
+            for m in 0..g {
+                let qm = q.as_ptr().add(m * d);
+                let row = w.as_mut_ptr().add(m * n);
+                if four {
+                    let sums = hsum4(keys.map(|key| dot(qm, key)));
+                    for j in 0..4 {
+                        *row.add(i + j) = finish(sums[j], qm, keys[j]);
+                    }
+                } else {
+                    *row.add(i) = finish(hsum4([dot(qm, keys[0]); 4])[0], qm, keys[0]);
                 }
-                i += 4;
             }
-            while i < n {
-                let key = kp.add(at[i]);
-                *row.add(i) = finish(hsum4([dot(qm, key); 4])[0], qm, key);
-                i += 1;
-            }
+            i += if four { 4 } else { 1 };
         }
         for m in 0..g {
             let row = &mut w[m * n..][..n];
@@ -272,26 +273,27 @@ impl Head<'_> {
             let inv = 1.0 / sum;
             row.iter_mut().for_each(|s| *s *= inv);
         }
-        // values: 64 columns at a time held in registers over every position
-        for m in 0..g {
-            let o = out.as_mut_ptr().add(m * d);
-            let row = w.as_ptr().add(m * n);
-            let mut c0 = 0;
-            while c0 < body {
-                let width = (body - c0).min(64) / 8;
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for i in 0..n {
-                    let a = _mm256_set1_ps(*row.add(i));
-                    let value = vp.add(at[i] + c0);
-                    for (c, x) in acc.iter_mut().enumerate().take(width) {
-                        *x = _mm256_fmadd_ps(a, T::load8(value.add(8 * c)), *x);
-                    }
+        // values: up to four query heads and 16 columns at a time, held in
+        // registers over every position (a value's cache line read once for them)
+        let rows: Vec<*const f32> = (0..g).map(|m| w.as_ptr().add(m * n)).collect();
+        let outs: Vec<*mut f32> = (0..g).map(|m| out.as_mut_ptr().add(m * d)).collect();
+        for m0 in (0..g).step_by(4) {
+            let (rows, outs) = (&rows[m0..(m0 + 4).min(g)], &outs[m0..(m0 + 4).min(g)]);
+            for c0 in (0..body).step_by(16) {
+                match (rows.len(), body - c0 >= 16) {
+                    (1, true) => values_tile::<T, 1, 2>(rows, outs, n, at, vp, c0),
+                    (2, true) => values_tile::<T, 2, 2>(rows, outs, n, at, vp, c0),
+                    (3, true) => values_tile::<T, 3, 2>(rows, outs, n, at, vp, c0),
+                    (_, true) => values_tile::<T, 4, 2>(rows, outs, n, at, vp, c0),
+                    (1, false) => values_tile::<T, 1, 1>(rows, outs, n, at, vp, c0),
+                    (2, false) => values_tile::<T, 2, 1>(rows, outs, n, at, vp, c0),
+                    (3, false) => values_tile::<T, 3, 1>(rows, outs, n, at, vp, c0),
+                    (_, false) => values_tile::<T, 4, 1>(rows, outs, n, at, vp, c0),
                 }
-                for (c, x) in acc.iter().enumerate().take(width) {
-                    _mm256_storeu_ps(o.add(c0 + 8 * c), *x);
-                }
-                c0 += 64;
             }
+        }
+        for m in 0..g {
+            let (o, row) = (outs[m], rows[m]);
             for c in body..d {
                 let mut x = 0f32;
                 for i in 0..n {
@@ -342,6 +344,33 @@ impl Head<'_> {
             for m in 0..g {
                 axpy(w[m * n + i], value, &mut out[m * d..][..d]);
             }
+        }
+    }
+}
+
+/// `H` query heads' weighted sums of the values over every position, for
+/// the `8·W` columns from `c0`: out[h][c] = Σ_i weights[h][i] · value_i[c],
+/// accumulated in position order from zero (so a column's sum is the same
+/// whichever heads and columns share its tile).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn values_tile<T: KvElem, const H: usize, const W: usize>(
+    weights: &[*const f32], outs: &[*mut f32], n: usize, at: &[usize], vp: *const T, c0: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); W]; H];
+    for i in 0..n {
+        let value = vp.add(at[i] + c0);
+        let x: [__m256; W] = std::array::from_fn(|c| T::load8(value.add(8 * c)));
+        for h in 0..H {
+            let a = _mm256_set1_ps(*weights[h].add(i));
+            for c in 0..W {
+                acc[h][c] = _mm256_fmadd_ps(a, x[c], acc[h][c]);
+            }
+        }
+    }
+    for h in 0..H {
+        for c in 0..W {
+            _mm256_storeu_ps(outs[h].add(c0 + 8 * c), acc[h][c]);
         }
     }
 }
