@@ -11,8 +11,11 @@
 //! with 8-bit activations after it (the quantized matmuls) a last-bit
 //! difference becomes a different token.
 //!
-//! Tasks are (row, kv head) pairs on `pool.rs`'s threads: the g query heads
-//! of a kv head share every key and value read. Keys and values are read in
+//! Tasks are (group of rows, kv head) pairs on `pool.rs`'s threads: the g
+//! query heads of a kv head share every key and value read, and so do the
+//! rows of a group where their block tables name the same blocks (a prefill
+//! chunk's rows, requests on one cached prompt: `share_prefixes`), which reads
+//! a shared prompt once a group, not once a row. Keys and values are read in
 //! place through the block table (nothing is gathered), as f32 or bf16.
 
 use std::cell::RefCell;
@@ -156,9 +159,22 @@ pub fn paged_attention<T: KvElem>(
     let l = *layout;
     let g = l.heads / l.kv_heads;
     let span = g * l.head_size;
-    let fast = avx2();
     let out_ptr = SendPtr(out.as_mut_ptr());
     let run = if linger { pool::run } else { pool::run_then_sleep };
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        let groups = share_prefixes(&l, rows, scores);
+        run(groups.len() * l.kv_heads, &|task| {
+            let (group, kvh) = (&groups[task / l.kv_heads], task % l.kv_heads);
+            let sinks = sinks.map(|s| &s[kvh * g..][..g]);
+            SCRATCH.with_borrow_mut(|(w, offsets)| {
+                // SAFETY: avx2() said the CPU has AVX2 and FMA; each task writes its rows'
+                // `span` outputs of its kv head alone, and `out` outlives the loop
+                unsafe { attend_group_avx2(&l, group, rows, kvh, scores, sinks, q, k, v, w, offsets, out_ptr) };
+            });
+        });
+        return Ok(());
+    }
     run(rows.seq.len() * l.kv_heads, &|task| {
         let (r, kvh) = (task / l.kv_heads, task % l.kv_heads);
         let at = (r * l.heads + kvh * g) * l.head_size;
@@ -166,19 +182,229 @@ pub fn paged_attention<T: KvElem>(
         let head = Head { layout: &l, table, kvh, pos: rows.pos[r] as usize, scores, sinks: sinks.map(|s| &s[kvh * g..][..g]) };
         // SAFETY: each task writes its own `span` outputs, and `out` outlives the loop
         let out = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(at), span) };
-        SCRATCH.with_borrow_mut(|(w, offsets)| {
-            if fast {
-                // SAFETY: avx2() said the CPU has AVX2 and FMA
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    head.attend_avx2(&q[at..at + span], k, v, w, offsets, out)
-                };
-            } else {
-                head.attend(&q[at..at + span], k, v, w, out);
-            }
-        });
+        SCRATCH.with_borrow_mut(|(w, _)| head.attend(&q[at..at + span], k, v, w, out));
     });
     Ok(())
+}
+
+/// Rows whose block tables name the same blocks for their first `shared`
+/// positions (a prefill chunk's rows; requests on one cached prompt): their
+/// keys and values there are read once for all of them.
+struct Group {
+    rows: Vec<usize>,
+    shared: usize,
+}
+
+/// Rows in one group at most: enough to read a shared prompt a few times a
+/// step rather than once a row, small enough to give both cores tasks.
+const GROUP_ROWS: usize = 16;
+
+/// The step's rows in groups, by their first block; a sliding window gives
+/// each row positions of its own, and each row a group.
+fn share_prefixes(l: &Layout, rows: &Rows, scores: Scores) -> Vec<Group> {
+    let table = |r: usize| &rows.tables[rows.seq[r] as usize * l.max_blocks..][..l.max_blocks];
+    let mut by_first: Vec<Vec<usize>> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for r in 0..rows.seq.len() {
+        let key = if scores.window.is_some() { (r as i64, 0) } else { (-1, table(r)[0]) };
+        let at = *index.entry(key).or_insert_with(|| {
+            by_first.push(Vec::new());
+            by_first.len() - 1
+        });
+        by_first[at].push(r);
+    }
+    let mut groups = Vec::new();
+    for same in &by_first {
+        for chunk in same.chunks(GROUP_ROWS) {
+            let first = table(chunk[0]);
+            let seen = chunk.iter().map(|&r| rows.pos[r] as usize + 1).min().unwrap_or(0);
+            let common = (0..seen.div_ceil(l.block_size)).take_while(|&b| chunk.iter().all(|&r| table(r)[b] == first[b])).count();
+            let shared = if scores.window.is_some() { 0 } else { (common * l.block_size).min(seen) };
+            groups.push(Group { rows: chunk.to_vec(), shared });
+        }
+    }
+    groups
+}
+
+/// Each position's offset in the cache for kv head `kvh`, for positions `from..to` of `table`.
+fn offsets(l: &Layout, table: &[i32], kvh: usize, from: usize, to: usize, out: &mut Vec<usize>) {
+    let stride = l.kv_heads * l.head_size;
+    let mut p = from;
+    while p < to {
+        let (b, first) = (p / l.block_size, p % l.block_size);
+        let base = (table[b] as usize * l.block_size * l.kv_heads + kvh) * l.head_size;
+        let end = to.min((b + 1) * l.block_size);
+        out.extend((first..first + end - p).map(|j| base + j * stride));
+        p = end;
+    }
+}
+
+/// One group's rows for one kv head, with AVX2: scores by 8-wide fused dot
+/// products (four positions at a time, each reduced in the same order as one
+/// alone), a vectorized exp, values by fused multiply-adds. The shared
+/// positions' keys and values are read once for every row of the group, then
+/// each row's own; every output is computed by operations fixed by its own
+/// row alone, in position order, so a row's result is the same in any group.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_group_avx2<T: KvElem>(
+    l: &Layout, group: &Group, rows: &Rows, kvh: usize, scores: Scores, sinks: Option<&[f32]>,
+    q: &[f32], k: &[T], v: &[T], w: &mut Vec<f32>, at: &mut Vec<usize>, out: SendPtr<f32>,
+) {
+    let (d, g) = (l.head_size, l.heads / l.kv_heads);
+    let table = |r: usize| &rows.tables[rows.seq[r] as usize * l.max_blocks..][..l.max_blocks];
+    // each row's positions first..=pos, its weights [g, n] at w[base..]
+    let first = |r: usize| scores.window.map_or(0, |win| (rows.pos[r] as usize + 1).saturating_sub(win));
+    let seen: Vec<(usize, usize, usize)> = group.rows.iter().scan(0, |base, &r| {
+        let (f, n) = (first(r), rows.pos[r] as usize + 1 - first(r));
+        *base += g * n;
+        Some((f, n, *base - g * n))
+    }).collect();
+    w.clear();
+    w.resize(seen.iter().map(|s| g * s.1).sum(), 0.0);
+    // the shared positions' offsets, then each row's own
+    at.clear();
+    offsets(l, table(group.rows[0]), kvh, 0, group.shared, at);
+    let mut own = Vec::with_capacity(group.rows.len());
+    for (&r, &(f, ..)) in group.rows.iter().zip(&seen) {
+        let from = at.len();
+        offsets(l, table(r), kvh, group.shared.max(f), rows.pos[r] as usize + 1, at);
+        own.push(from..at.len());
+    }
+    let qs = |x: usize| q.as_ptr().add((group.rows[x] * l.heads + kvh * g) * d);
+    let outs = |x: usize| out.get().add((group.rows[x] * l.heads + kvh * g) * d);
+    // weights of row x from position p on, head m at [m * n]
+    let wp = w.as_mut_ptr();
+    let ws = |x: usize, p: usize| {
+        let (f, n, base) = seen[x];
+        (wp.add(base + p - f), n)
+    };
+    let all: Vec<usize> = (0..group.rows.len()).collect();
+    let (kp, vp) = (k.as_ptr(), v.as_ptr());
+    scores_avx2(&at[..group.shared], kp, &all.iter().map(|&x| (qs(x), ws(x, 0))).collect::<Vec<_>>(), g, d, scores);
+    for (x, range) in own.iter().enumerate() {
+        let start = group.shared.max(seen[x].0);
+        scores_avx2(&at[range.clone()], kp, &[(qs(x), ws(x, start))], g, d, scores);
+    }
+    for (x, &(_, n, base)) in seen.iter().enumerate() {
+        for m in 0..g {
+            let row = std::slice::from_raw_parts_mut(wp.add(base + m * n), n);
+            let sink = sinks.map(|s| s[m]);
+            let max = row.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = exp_minus(row, max);
+            if let Some(s) = sink {
+                sum += exp8_one(s - max);
+            }
+            let inv = 1.0 / sum;
+            row.iter_mut().for_each(|s| *s *= inv);
+        }
+        std::slice::from_raw_parts_mut(outs(x), g * d).fill(0.0);
+    }
+    values_avx2(&at[..group.shared], vp, &all.iter().map(|&x| (ws(x, 0), outs(x))).collect::<Vec<_>>(), g, d);
+    for (x, range) in own.iter().enumerate() {
+        let start = group.shared.max(seen[x].0);
+        values_avx2(&at[range.clone()], vp, &[(ws(x, start), outs(x))], g, d);
+    }
+}
+
+/// Scores of the keys at `at` for each target (its g query heads; its
+/// weights for the first of these positions, head m `n` further on): four
+/// positions at a time, for every target and head while their keys are in L1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_avx2<T: KvElem>(at: &[usize], kp: *const T, targets: &[(*const f32, (*mut f32, usize))], g: usize, d: usize, scores: Scores) {
+    let body = d / 8 * 8;
+    let finish = |s: f32, qm: *const f32, key: *const T| -> f32 {
+        let mut s = s;
+        for c in body..d {
+            s += *qm.add(c) * (*key.add(c)).f32();
+        }
+        s *= scores.scale;
+        if let Some(cap) = scores.softcap {
+            s = (s / cap).tanh() * cap;
+        }
+        s
+    };
+    // every target's heads, two at a time: eight independent sums in flight
+    let heads: Vec<(*const f32, *mut f32)> = targets.iter()
+        .flat_map(|&(q, (w, n))| (0..g).map(move |m| (q.add(m * d), w.add(m * n))))
+        .collect();
+    let mut i = 0;
+    while i < at.len() {
+        let four = i + 4 <= at.len();
+        let keys = [0, 1, 2, 3].map(|j| kp.add(at[if four { i + j } else { i }]));
+        for pair in heads.chunks(2) {
+            let (qa, ra) = pair[0];
+            let (qb, rb) = *pair.last().unwrap();
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut c = 0;
+            while c < body {
+                let (x, y) = (_mm256_loadu_ps(qa.add(c)), _mm256_loadu_ps(qb.add(c)));
+                for j in 0..4 {
+                    let key = T::load8(keys[j].add(c));
+                    acc[j] = _mm256_fmadd_ps(x, key, acc[j]);
+                    acc[4 + j] = _mm256_fmadd_ps(y, key, acc[4 + j]);
+                }
+                c += 8;
+            }
+            for (h, (qm, row)) in [(0, (qa, ra)), (4, (qb, rb))].into_iter().take(pair.len()) {
+                if four {
+                    let sums = hsum4([acc[h], acc[h + 1], acc[h + 2], acc[h + 3]]);
+                    for j in 0..4 {
+                        *row.add(i + j) = finish(sums[j], qm, keys[j]);
+                    }
+                } else {
+                    *row.add(i) = finish(hsum4([acc[h]; 4])[0], qm, keys[0]);
+                }
+            }
+        }
+        i += if four { 4 } else { 1 };
+    }
+}
+
+/// Positions of values in L1 at a time.
+const VALUE_CHUNK: usize = 32;
+
+/// out += the weighted values at `at`, for each target (its weights for the
+/// first of these positions, head m `n` further on; its g heads' outputs),
+/// `VALUE_CHUNK` positions at a time; each output's sum runs in position
+/// order whatever the chunks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn values_avx2<T: KvElem>(at: &[usize], vp: *const T, targets: &[((*mut f32, usize), *mut f32)], g: usize, d: usize) {
+    let body = d / 8 * 8;
+    for (c, chunk) in at.chunks(VALUE_CHUNK).enumerate() {
+        let skip = c * VALUE_CHUNK;
+        for &((w, n), o) in targets {
+            let rows: Vec<*const f32> = (0..g).map(|m| w.add(m * n + skip) as *const f32).collect();
+            let outs: Vec<*mut f32> = (0..g).map(|m| o.add(m * d)).collect();
+            for m0 in (0..g).step_by(4) {
+                let (rows, outs) = (&rows[m0..(m0 + 4).min(g)], &outs[m0..(m0 + 4).min(g)]);
+                for c0 in (0..body).step_by(16) {
+                    match (rows.len(), body - c0 >= 16) {
+                        (1, true) => values_tile::<T, 1, 2>(rows, outs, chunk, vp, c0),
+                        (2, true) => values_tile::<T, 2, 2>(rows, outs, chunk, vp, c0),
+                        (3, true) => values_tile::<T, 3, 2>(rows, outs, chunk, vp, c0),
+                        (_, true) => values_tile::<T, 4, 2>(rows, outs, chunk, vp, c0),
+                        (1, false) => values_tile::<T, 1, 1>(rows, outs, chunk, vp, c0),
+                        (2, false) => values_tile::<T, 2, 1>(rows, outs, chunk, vp, c0),
+                        (3, false) => values_tile::<T, 3, 1>(rows, outs, chunk, vp, c0),
+                        (_, false) => values_tile::<T, 4, 1>(rows, outs, chunk, vp, c0),
+                    }
+                }
+            }
+            for m in 0..g {
+                for c in body..d {
+                    let mut x = *outs[m].add(c);
+                    for (i, &p) in chunk.iter().enumerate() {
+                        x += *rows[m].add(i) * (*vp.add(p + c)).f32();
+                    }
+                    *outs[m].add(c) = x;
+                }
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -203,105 +429,6 @@ impl Head<'_> {
         let l = self.layout;
         let block = self.table[p / l.block_size] as usize;
         ((block * l.block_size + p % l.block_size) * l.kv_heads + self.kvh) * l.head_size
-    }
-
-    /// `attend` with AVX2: scores by 8-wide fused dot products (four
-    /// positions at a time, each reduced in the same order as one alone), a
-    /// vectorized exp, values by fused multiply-adds into registers. Each
-    /// output is computed by operations fixed by its own row alone.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn attend_avx2<T: KvElem>(&self, q: &[f32], k: &[T], v: &[T], w: &mut Vec<f32>, at: &mut Vec<usize>, out: &mut [f32]) {
-        let l = self.layout;
-        let d = l.head_size;
-        let g = q.len() / d;
-        let first = self.scores.window.map_or(0, |win| (self.pos + 1).saturating_sub(win));
-        let n = self.pos + 1 - first;
-        w.clear();
-        w.resize(g * n, 0.0);
-        at.clear();
-        at.extend((first..=self.pos).map(|p| self.offset(p)));
-        let (kp, vp) = (k.as_ptr(), v.as_ptr());
-        let body = d / 8 * 8;
-        let dot = |qm: *const f32, key: *const T| -> __m256 {
-            let mut acc = _mm256_setzero_ps();
-            let mut c = 0;
-            while c < body {
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qm.add(c)), T::load8(key.add(c)), acc);
-                c += 8;
-            }
-            acc
-        };
-        let finish = |s: f32, qm: *const f32, key: *const T| -> f32 {
-            let mut s = s;
-            for c in body..d {
-                s += *qm.add(c) * (*key.add(c)).f32();
-            }
-            s *= self.scores.scale;
-            if let Some(cap) = self.scores.softcap {
-                s = (s / cap).tanh() * cap;
-            }
-            s
-        };
-        // four positions at a time, for every query head while their keys are in L1
-        let mut i = 0;
-        while i < n {
-            let four = i + 4 <= n;
-            let keys = [0, 1, 2, 3].map(|j| kp.add(at[if four { i + j } else { i }]));
-            for m in 0..g {
-                let qm = q.as_ptr().add(m * d);
-                let row = w.as_mut_ptr().add(m * n);
-                if four {
-                    let sums = hsum4(keys.map(|key| dot(qm, key)));
-                    for j in 0..4 {
-                        *row.add(i + j) = finish(sums[j], qm, keys[j]);
-                    }
-                } else {
-                    *row.add(i) = finish(hsum4([dot(qm, keys[0]); 4])[0], qm, keys[0]);
-                }
-            }
-            i += if four { 4 } else { 1 };
-        }
-        for m in 0..g {
-            let row = &mut w[m * n..][..n];
-            let sink = self.sinks.map(|s| s[m]);
-            let max = row.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = exp_minus(row, max);
-            if let Some(s) = sink {
-                sum += exp8_one(s - max);
-            }
-            let inv = 1.0 / sum;
-            row.iter_mut().for_each(|s| *s *= inv);
-        }
-        // values: up to four query heads and 16 columns at a time, held in
-        // registers over every position (a value's cache line read once for them)
-        let rows: Vec<*const f32> = (0..g).map(|m| w.as_ptr().add(m * n)).collect();
-        let outs: Vec<*mut f32> = (0..g).map(|m| out.as_mut_ptr().add(m * d)).collect();
-        for m0 in (0..g).step_by(4) {
-            let (rows, outs) = (&rows[m0..(m0 + 4).min(g)], &outs[m0..(m0 + 4).min(g)]);
-            for c0 in (0..body).step_by(16) {
-                match (rows.len(), body - c0 >= 16) {
-                    (1, true) => values_tile::<T, 1, 2>(rows, outs, n, at, vp, c0),
-                    (2, true) => values_tile::<T, 2, 2>(rows, outs, n, at, vp, c0),
-                    (3, true) => values_tile::<T, 3, 2>(rows, outs, n, at, vp, c0),
-                    (_, true) => values_tile::<T, 4, 2>(rows, outs, n, at, vp, c0),
-                    (1, false) => values_tile::<T, 1, 1>(rows, outs, n, at, vp, c0),
-                    (2, false) => values_tile::<T, 2, 1>(rows, outs, n, at, vp, c0),
-                    (3, false) => values_tile::<T, 3, 1>(rows, outs, n, at, vp, c0),
-                    (_, false) => values_tile::<T, 4, 1>(rows, outs, n, at, vp, c0),
-                }
-            }
-        }
-        for m in 0..g {
-            let (o, row) = (outs[m], rows[m]);
-            for c in body..d {
-                let mut x = 0f32;
-                for i in 0..n {
-                    x += *row.add(i) * (*vp.add(at[i] + c)).f32();
-                }
-                *o.add(c) = x;
-            }
-        }
     }
 
     /// q and out: [g, head_size] of this row.
@@ -348,18 +475,18 @@ impl Head<'_> {
     }
 }
 
-/// `H` query heads' weighted sums of the values over every position, for
-/// the `8·W` columns from `c0`: out[h][c] = Σ_i weights[h][i] · value_i[c],
-/// accumulated in position order from zero (so a column's sum is the same
-/// whichever heads and columns share its tile).
+/// `H` query heads' weighted sums of the values at `at`, added to their
+/// outputs for the `8·W` columns from `c0`: out[h][c] += weights[h][i] ·
+/// value_i[c], in position order (so a column's sum is the same whichever
+/// heads, columns and positions share its tile).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn values_tile<T: KvElem, const H: usize, const W: usize>(
-    weights: &[*const f32], outs: &[*mut f32], n: usize, at: &[usize], vp: *const T, c0: usize,
+    weights: &[*const f32], outs: &[*mut f32], at: &[usize], vp: *const T, c0: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); W]; H];
-    for i in 0..n {
-        let value = vp.add(at[i] + c0);
+    let mut acc: [[__m256; W]; H] = std::array::from_fn(|h| std::array::from_fn(|c| _mm256_loadu_ps(outs[h].add(c0 + 8 * c))));
+    for (i, &p) in at.iter().enumerate() {
+        let value = vp.add(p + c0);
         let x: [__m256; W] = std::array::from_fn(|c| T::load8(value.add(8 * c)));
         for h in 0..H {
             let a = _mm256_set1_ps(*weights[h].add(i));
@@ -492,6 +619,46 @@ mod tests {
         let mut alone = vec![0f32; span];
         paged_attention(&l, &q[span..2 * span], &k, &v, &Rows { tables: &tables, seq: &[1], pos: &[95] }, s, None, &mut alone, true).unwrap();
         assert_eq!(alone, batch[span..2 * span]);
+    }
+
+    /// Rows on one cached prompt read its keys and values once for the group
+    /// (share_prefixes); each row's result is still the one it has alone, and the formula's.
+    #[test]
+    fn rows_sharing_a_prompt_are_each_as_alone() {
+        let l = layout(6, 2, 72, 40, 4, 8);
+        let cache = l.num_blocks * l.block_size * l.kv_heads * l.head_size;
+        let (k, v) = (values(cache, 8), values(cache, 9));
+        // six sequences: three on one prompt of 3 blocks (one parting after 1), two on
+        // another, one alone; each with blocks of its own after
+        let prompt = [0, 1, 2];
+        let mut tables = Vec::new();
+        for (i, shared) in [&prompt[..], &prompt[..], &prompt[..1], &[3, 4][..], &[3, 4][..], &[][..]].iter().enumerate() {
+            let own = (0..l.max_blocks - shared.len()).map(|j| (5 + i * 5 + j) as i32 % l.num_blocks as i32);
+            tables.extend(shared.iter().map(|&b| b as i32).chain(own));
+        }
+        // 40 rows (more than a group holds): decodes and a prefill chunk's rows, in no order
+        let seq: Vec<i32> = (0..40).map(|r| (r * 7 % 6) as i32).collect();
+        let pos: Vec<i32> = (0..40).map(|r| 5 + (r * 13 % 26) as i32).collect();
+        let q = values(seq.len() * l.heads * l.head_size, 10);
+        let sinks = values(l.heads, 11);
+        let span = l.heads * l.head_size;
+        for (s, sinks) in [
+            (Scores { scale: 0.12, window: None, softcap: None }, None),
+            (Scores { scale: 0.12, window: Some(6), softcap: None }, None),
+            (Scores { scale: 0.5, window: None, softcap: Some(3.0) }, Some(&sinks[..])),
+        ] {
+            let rows = Rows { tables: &tables, seq: &seq, pos: &pos };
+            let mut batch = vec![0f32; q.len()];
+            paged_attention(&l, &q, &k, &v, &rows, s, sinks, &mut batch, true).unwrap();
+            let want = naive(&l, &q, &k, &v, &rows, s, sinks);
+            assert!(batch.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-4), "{s:?}");
+            for r in 0..seq.len() {
+                let mut alone = vec![0f32; span];
+                let one = Rows { tables: &tables, seq: &seq[r..r + 1], pos: &pos[r..r + 1] };
+                paged_attention(&l, &q[r * span..][..span], &k, &v, &one, s, sinks, &mut alone, true).unwrap();
+                assert_eq!(alone, batch[r * span..][..span], "row {r}, {s:?}");
+            }
+        }
     }
 
     #[test]
