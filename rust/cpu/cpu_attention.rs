@@ -335,32 +335,44 @@ unsafe fn scores_avx2<T: KvElem>(at: &[usize], kp: *const T, targets: &[(*const 
         let four = i + 4 <= at.len();
         let keys = [0, 1, 2, 3].map(|j| kp.add(at[if four { i + j } else { i }]));
         for pair in heads.chunks(2) {
-            let (qa, ra) = pair[0];
-            let (qb, rb) = *pair.last().unwrap();
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut c = 0;
-            while c < body {
-                let (x, y) = (_mm256_loadu_ps(qa.add(c)), _mm256_loadu_ps(qb.add(c)));
-                for j in 0..4 {
-                    let key = T::load8(keys[j].add(c));
-                    acc[j] = _mm256_fmadd_ps(x, key, acc[j]);
-                    acc[4 + j] = _mm256_fmadd_ps(y, key, acc[4 + j]);
-                }
-                c += 8;
-            }
-            for (h, (qm, row)) in [(0, (qa, ra)), (4, (qb, rb))].into_iter().take(pair.len()) {
+            let acc = match pair {
+                [(qa, _), (qb, _)] => dots::<T, 2>([*qa, *qb], keys, body),
+                _ => dots::<T, 1>([pair[0].0], keys, body),
+            };
+            for (h, &(qm, row)) in pair.iter().enumerate() {
                 if four {
-                    let sums = hsum4([acc[h], acc[h + 1], acc[h + 2], acc[h + 3]]);
+                    let sums = hsum4(acc[h]);
                     for j in 0..4 {
                         *row.add(i + j) = finish(sums[j], qm, keys[j]);
                     }
                 } else {
-                    *row.add(i) = finish(hsum4([acc[h]; 4])[0], qm, keys[0]);
+                    *row.add(i) = finish(hsum4([acc[h][0]; 4])[0], qm, keys[0]);
                 }
             }
         }
         i += if four { 4 } else { 1 };
     }
+}
+
+/// The 8-wide partial dot products of `H` query heads with four keys, each
+/// summed over the columns in order (its own chain: 4·H sums in flight);
+/// unused heads' sums are zero.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots<T: KvElem, const H: usize>(qs: [*const f32; H], keys: [*const T; 4], body: usize) -> [[__m256; 4]; 2] {
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut c = 0;
+    while c < body {
+        let x: [__m256; H] = qs.map(|q| _mm256_loadu_ps(q.add(c)));
+        for j in 0..4 {
+            let key = T::load8(keys[j].add(c));
+            for h in 0..H {
+                acc[h][j] = _mm256_fmadd_ps(x[h], key, acc[h][j]);
+            }
+        }
+        c += 8;
+    }
+    acc
 }
 
 /// Positions of values in L1 at a time.
@@ -377,12 +389,13 @@ unsafe fn values_avx2<T: KvElem>(at: &[usize], vp: *const T, targets: &[((*mut f
     for (c, chunk) in at.chunks(VALUE_CHUNK).enumerate() {
         let skip = c * VALUE_CHUNK;
         for &((w, n), o) in targets {
-            let rows: Vec<*const f32> = (0..g).map(|m| w.add(m * n + skip) as *const f32).collect();
-            let outs: Vec<*mut f32> = (0..g).map(|m| o.add(m * d)).collect();
             for m0 in (0..g).step_by(4) {
-                let (rows, outs) = (&rows[m0..(m0 + 4).min(g)], &outs[m0..(m0 + 4).min(g)]);
+                let h = (g - m0).min(4);
+                let rows: [*const f32; 4] = std::array::from_fn(|j| w.add((m0 + j.min(h - 1)) * n + skip) as *const f32);
+                let outs: [*mut f32; 4] = std::array::from_fn(|j| o.add((m0 + j.min(h - 1)) * d));
+                let (rows, outs) = (&rows[..h], &outs[..h]);
                 for c0 in (0..body).step_by(16) {
-                    match (rows.len(), body - c0 >= 16) {
+                    match (h, body - c0 >= 16) {
                         (1, true) => values_tile::<T, 1, 2>(rows, outs, chunk, vp, c0),
                         (2, true) => values_tile::<T, 2, 2>(rows, outs, chunk, vp, c0),
                         (3, true) => values_tile::<T, 3, 2>(rows, outs, chunk, vp, c0),
@@ -393,14 +406,14 @@ unsafe fn values_avx2<T: KvElem>(at: &[usize], vp: *const T, targets: &[((*mut f
                         (_, false) => values_tile::<T, 4, 1>(rows, outs, chunk, vp, c0),
                     }
                 }
-            }
-            for m in 0..g {
-                for c in body..d {
-                    let mut x = *outs[m].add(c);
-                    for (i, &p) in chunk.iter().enumerate() {
-                        x += *rows[m].add(i) * (*vp.add(p + c)).f32();
+                for (&row, &out) in rows.iter().zip(outs) {
+                    for c in body..d {
+                        let mut x = *out.add(c);
+                        for (i, &p) in chunk.iter().enumerate() {
+                            x += *row.add(i) * (*vp.add(p + c)).f32();
+                        }
+                        *out.add(c) = x;
                     }
-                    *outs[m].add(c) = x;
                 }
             }
         }
