@@ -202,12 +202,14 @@ const GROUP_ROWS: usize = 16;
 /// The step's rows in groups, by their first block; a sliding window gives
 /// each row positions of its own, and each row a group.
 fn share_prefixes(l: &Layout, rows: &Rows, scores: Scores) -> Vec<Group> {
+    if scores.window.is_some() {
+        return (0..rows.seq.len()).map(|r| Group { rows: vec![r], shared: 0 }).collect();
+    }
     let table = |r: usize| &rows.tables[rows.seq[r] as usize * l.max_blocks..][..l.max_blocks];
     let mut by_first: Vec<Vec<usize>> = Vec::new();
     let mut index = std::collections::HashMap::new();
     for r in 0..rows.seq.len() {
-        let key = if scores.window.is_some() { (r as i64, 0) } else { (-1, table(r)[0]) };
-        let at = *index.entry(key).or_insert_with(|| {
+        let at = *index.entry(table(r)[0]).or_insert_with(|| {
             by_first.push(Vec::new());
             by_first.len() - 1
         });
@@ -219,8 +221,7 @@ fn share_prefixes(l: &Layout, rows: &Rows, scores: Scores) -> Vec<Group> {
             let first = table(chunk[0]);
             let seen = chunk.iter().map(|&r| rows.pos[r] as usize + 1).min().unwrap_or(0);
             let common = (0..seen.div_ceil(l.block_size)).take_while(|&b| chunk.iter().all(|&r| table(r)[b] == first[b])).count();
-            let shared = if scores.window.is_some() { 0 } else { (common * l.block_size).min(seen) };
-            groups.push(Group { rows: chunk.to_vec(), shared });
+            groups.push(Group { rows: chunk.to_vec(), shared: (common * l.block_size).min(seen) });
         }
     }
     groups
@@ -280,9 +281,9 @@ unsafe fn attend_group_avx2<T: KvElem>(
         let (f, n, base) = seen[x];
         (wp.add(base + p - f), n)
     };
-    let all: Vec<usize> = (0..group.rows.len()).collect();
+    let every = 0..group.rows.len();
     let (kp, vp) = (k.as_ptr(), v.as_ptr());
-    scores_avx2(&at[..group.shared], kp, &all.iter().map(|&x| (qs(x), ws(x, 0))).collect::<Vec<_>>(), g, d, scores);
+    scores_avx2(&at[..group.shared], kp, &every.clone().map(|x| (qs(x), ws(x, 0))).collect::<Vec<_>>(), g, d, scores);
     for (x, range) in own.iter().enumerate() {
         let start = group.shared.max(seen[x].0);
         scores_avx2(&at[range.clone()], kp, &[(qs(x), ws(x, start))], g, d, scores);
@@ -301,7 +302,7 @@ unsafe fn attend_group_avx2<T: KvElem>(
         }
         std::slice::from_raw_parts_mut(outs(x), g * d).fill(0.0);
     }
-    values_avx2(&at[..group.shared], vp, &all.iter().map(|&x| (ws(x, 0), outs(x))).collect::<Vec<_>>(), g, d);
+    values_avx2(&at[..group.shared], vp, &every.map(|x| (ws(x, 0), outs(x))).collect::<Vec<_>>(), g, d);
     for (x, range) in own.iter().enumerate() {
         let start = group.shared.max(seen[x].0);
         values_avx2(&at[range.clone()], vp, &[(ws(x, start), outs(x))], g, d);
