@@ -3,9 +3,9 @@
 One engine step crosses into Rust four times in all (schedule, start_masks,
 sample, update), whatever the batch size; where the model runner samples on
 the GPU, device_rows stands for sample (model/device_sampler.py). Grammar
-masks are computed on Rust threads while the forward pass runs; sample()
-joins them (on a CPU, mostly only where the drawn token needs one:
-EngineConfig.masks). Python keeps only
+masks are computed on Rust threads while a GPU's forward pass runs, and
+sample() joins them; on a CPU, whose cores the forward pass needs, mostly
+only where the drawn token needs one (EngineConfig.masks). Python keeps only
 what runs once per token per request and needs text: detokenizing and stop
 strings.
 """
@@ -259,7 +259,7 @@ class Engine:
         if plan is None:
             return pending
         self.counters["steps"] += 1
-        self.scheduler.start_masks()  # grammar masks overlap the forward pass (rule 10)
+        self.scheduler.start_masks()  # masks beside the forward pass (rule 10), or before it on a CPU
         started = time.perf_counter()
         try:
             logits = self.runner.execute(plan)

@@ -106,8 +106,10 @@ impl PyScheduler {
         self.inner.set_step_cost(fixed, per_token)
     }
 
-    fn start_masks(&mut self) -> PyResult<()> {
-        self.inner.start_masks().map_err(to_py)
+    /// Computes the masks here where the forward pass runs on the CPU (`MaskPolicy::OnDemand`).
+    fn start_masks(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        py.detach(|| inner.start_masks()).map_err(to_py)
     }
 
     #[pyo3(signature = (logits, allowed = None))]

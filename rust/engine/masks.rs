@@ -1,5 +1,7 @@
 //! The grammar masks of one step, computed on a background thread (rows in
-//! parallel with rayon) while the model's forward pass runs (DESIGN rule 10).
+//! parallel with rayon) while the model's forward pass runs (DESIGN rule 10),
+//! or, where the forward pass runs on the CPU's cores, before it on the
+//! kernels' pool ([`MaskJob::start`]).
 //!
 //! The job owns the matchers of the rows it computes and hands them back on
 //! join, so no lock is taken per row. A sequence carrying a draft
@@ -20,6 +22,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::grammar::matchers::GrammarMatcher;
+use crate::threads::pool::{self, SendPtr};
 use crate::engine::sequence::SeqId;
 
 /// Where a constrained row's mask is computed.
@@ -104,8 +107,9 @@ impl MaskBatch {
     }
 }
 
-/// Compute every constrained row's mask (spans in parallel).
-pub fn compute(spans: Vec<MaskSpan>) -> MaskBatch {
+/// Compute every constrained row's mask (spans in parallel: on the kernels'
+/// pool where `on_pool`, else on rayon's).
+pub fn compute(spans: Vec<MaskSpan>, on_pool: bool) -> MaskBatch {
     let t0 = Instant::now();
     let words = spans.iter().filter_map(|s| s.row.as_ref()).map(|(_, m, _)| m.words()).max().unwrap_or(0);
     let total: usize = spans.iter().map(MaskSpan::rows).sum();
@@ -121,11 +125,22 @@ pub fn compute(spans: Vec<MaskSpan>) -> MaskBatch {
         (rest, flags) = (b, g);
     }
     let mut spans = spans;
-    let filled: Vec<Filled> = spans
-        .par_iter_mut()
-        .zip(parts.into_par_iter())
-        .map(|(span, (out, flags))| fill_span(span, out, flags, words))
-        .collect();
+    let filled: Vec<Filled> = if on_pool {
+        let mut work: Vec<_> = spans.iter_mut().zip(parts).map(|(span, part)| (span, part, Filled::default())).collect();
+        let at = SendPtr(work.as_mut_ptr());
+        pool::run(work.len(), &|i| {
+            // SAFETY: task i alone touches work[i], alive until the loop is done
+            let (span, (out, flags), filled) = unsafe { &mut *at.get().add(i) };
+            *filled = fill_span(span, out, flags, words);
+        });
+        work.into_iter().map(|(_, _, f)| f).collect()
+    } else {
+        spans
+            .par_iter_mut()
+            .zip(parts.into_par_iter())
+            .map(|(span, (out, flags))| fill_span(span, out, flags, words))
+            .collect()
+    };
     let mut deferred = vec![false; total];
     let mut first = 0;
     for (s, f) in spans.iter().zip(&filled) {
@@ -184,9 +199,11 @@ fn fill_span(span: &mut MaskSpan, out: &mut [i32], flags: &mut [bool], words: us
     Filled { draft_us: t0.elapsed().as_micros() as u64, draft_rows: count, deferred: false }
 }
 
-/// A mask computation in flight.
-pub struct MaskJob {
-    handle: JoinHandle<MaskBatch>,
+/// A step's masks: computed on a thread of their own while the forward pass
+/// runs, or already computed (before it, on the kernels' pool).
+pub enum MaskJob {
+    Running(JoinHandle<MaskBatch>),
+    Done(MaskBatch),
 }
 
 impl std::fmt::Debug for MaskJob {
@@ -196,14 +213,27 @@ impl std::fmt::Debug for MaskJob {
 }
 
 impl MaskJob {
-    pub fn spawn(spans: Vec<MaskSpan>) -> Self {
-        MaskJob { handle: std::thread::spawn(move || compute(spans)) }
+    /// Start the masks of `spans` as `policy` says: [`MaskPolicy::Overlap`]
+    /// on a thread beside the forward pass (rows on rayon's threads: the
+    /// forward pass leaves the cores free), [`MaskPolicy::OnDemand`] here and
+    /// now on the kernels' pool. The forward pass then has every core: a
+    /// thread beside it took a core from one of its loops' threads, whose
+    /// partners wait at the loop's end (on 2 cores a step with one mask to
+    /// compute took 5% longer), and most rows are only checked, later.
+    pub fn start(spans: Vec<MaskSpan>, policy: MaskPolicy) -> Self {
+        match policy {
+            MaskPolicy::Overlap => MaskJob::Running(std::thread::spawn(move || compute(spans, false))),
+            MaskPolicy::OnDemand => MaskJob::Done(compute(spans, true)),
+        }
     }
 
     /// The finished batch; None if the job died (its matchers are lost and
     /// those sequences end with an error).
     pub fn join(self) -> Option<MaskBatch> {
-        self.handle.join().ok()
+        match self {
+            MaskJob::Running(handle) => handle.join().ok(),
+            MaskJob::Done(batch) => Some(batch),
+        }
     }
 }
 

@@ -12,12 +12,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 
-use rayon::prelude::*;
-
 use crate::engine::block_manager::{BlockManager, CacheEvent};
 use crate::grammar::matchers::Grammar;
 use crate::cuda::device_sampling::{device_rows, DeviceRows};
 use crate::engine::masks::{row_masks, MaskBatch, MaskJob, MaskPolicy};
+use crate::threads::pool::{self, SendPtr};
 use crate::sampling::random::Stream;
 use crate::sampling::cpu_sampler::{sample_rows, Row, Sampled, SamplingParams};
 use crate::engine::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering, Verified};
@@ -618,24 +617,28 @@ impl Scheduler {
     /// token -1 and are never read by `update()`.
     fn walk_drafts(&mut self, logits: &[f32], vocab: usize, batch: Option<&MaskBatch>, mask: Option<(&[i32], usize)>, out: &mut [Sampled]) {
         let Some(flight) = &self.in_flight else { return };
+        let drafted: Vec<&Span> = flight.spans.iter().filter(|span| !span.draft.is_empty()).collect();
+        if drafted.is_empty() {
+            return;
+        }
         let owned = row_masks(batch, mask, out.len());
         let masked = |i: usize| batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some();
         let eos = &self.eos;
-        let walks: Vec<(SeqId, usize, WalkedRows)> = flight
-            .spans
-            .par_iter()
-            .filter(|span| !span.draft.is_empty())
-            .filter_map(|span| {
-                let seq = self.seqs.get(&span.id)?;
-                let at = span.first..span.first + span.draft.len() + 1;
-                let rows: Vec<&[f32]> = at.clone().map(|i| &logits[i * vocab..(i + 1) * vocab]).collect();
-                let masks: Vec<Option<&[i32]>> = at.map(|i| masked(i).then_some(&owned[i][..])).collect();
-                let row = Row { params: &seq.sampling, prompt: seq.prompt(), output: seq.output(), banned: &[] };
-                let drawn = walk(&span.draft, &rows, &masks, seq.constraint.is_some(), &row, |r| seq.banned_after(eos, r), seq.rng);
-                Some((span.id, span.first, drawn))
-            })
-            .collect();
-        for (id, first, (draws, streams)) in walks {
+        // on the kernels' pool, as update() commits
+        let mut walks: Vec<Option<(SeqId, usize, WalkedRows)>> = (0..drafted.len()).map(|_| None).collect();
+        let at_walk = SendPtr(walks.as_mut_ptr());
+        pool::run(drafted.len(), &|k| {
+            let span = drafted[k];
+            let Some(seq) = self.seqs.get(&span.id) else { return };
+            let at = span.first..span.first + span.draft.len() + 1;
+            let rows: Vec<&[f32]> = at.clone().map(|i| &logits[i * vocab..(i + 1) * vocab]).collect();
+            let masks: Vec<Option<&[i32]>> = at.map(|i| masked(i).then_some(&owned[i][..])).collect();
+            let row = Row { params: &seq.sampling, prompt: seq.prompt(), output: seq.output(), banned: &[] };
+            let drawn = walk(&span.draft, &rows, &masks, seq.constraint.is_some(), &row, |r| seq.banned_after(eos, r), seq.rng);
+            // SAFETY: task k alone writes walks[k], alive until the loop is done
+            unsafe { *at_walk.get().add(k) = Some((span.id, span.first, drawn)) };
+        });
+        for (id, first, (draws, streams)) in walks.into_iter().flatten() {
             for (r, s) in draws.into_iter().enumerate().filter_map(|(r, d)| Some((r, d?))) {
                 out[first + r] = s;
             }
@@ -792,27 +795,31 @@ impl Scheduler {
         self.commit(&flight.seq_ids);
         let walks = std::mem::take(&mut self.walks);
         // Each sequence advances its own grammar (and may search for a
-        // closing, crate::grammar::closing): in parallel, as their masks were.
+        // closing, crate::grammar::closing): in parallel, on the kernels' pool,
+        // whose threads still spin from the forward pass (rayon's would have to
+        // wake beside them, and then spin on cores the next step needs).
         let span_of: HashMap<SeqId, usize> = flight.spans.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
-        let mut rows: Vec<(usize, &mut Sequence)> =
-            self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s))).collect();
-        rows.sort_unstable_by_key(|(i, _)| *i);
+        let mut rows: Vec<(usize, &mut Sequence, Option<(Verified, usize)>)> =
+            self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s, None))).collect();
+        rows.sort_unstable_by_key(|(i, _, _)| *i);
         let (eos, max_len, spans) = (&self.eos, self.max_len, &flight.spans);
-        let commits: Vec<(usize, Verified, usize)> = rows
-            .into_par_iter()
-            .map(|(i, seq)| {
-                let span = &spans[i];
-                let mut v = match walks.get(&span.id) {
-                    Some(streams) => {
-                        let draws = &sampled[span.first..span.first + span.draft.len() + 1];
-                        seq.commit_drafted(&span.draft, draws, streams, eos, max_len)
-                    }
-                    None => seq.commit(sampled[span.first], eos, max_len).into(),
-                };
-                v.closing_us = if v.reason.is_some() { seq.closing_us() } else { 0 };
-                (i, v, seq.num_cached_tokens.unwrap_or(0))
-            })
-            .collect();
+        let at = SendPtr(rows.as_mut_ptr());
+        pool::run(rows.len(), &|r| {
+            // SAFETY: task r alone touches rows[r], alive until the loop is done
+            let (i, seq, done) = unsafe { &mut *at.get().add(r) };
+            let span = &spans[*i];
+            let mut v = match walks.get(&span.id) {
+                Some(streams) => {
+                    let draws = &sampled[span.first..span.first + span.draft.len() + 1];
+                    seq.commit_drafted(&span.draft, draws, streams, eos, max_len)
+                }
+                None => seq.commit(sampled[span.first], eos, max_len).into(),
+            };
+            v.closing_us = if v.reason.is_some() { seq.closing_us() } else { 0 };
+            *done = Some((v, seq.num_cached_tokens.unwrap_or(0)));
+        });
+        let commits: Vec<(usize, Verified, usize)> =
+            rows.into_iter().map(|(i, _, done)| done.map(|(v, n)| (i, v, n)).expect("every row committed")).collect();
         // The draft tokens kept are computed: into the cache before a finished one goes.
         let drafted: Vec<SeqId> = spans.iter().filter(|s| !s.draft.is_empty()).map(|s| s.id).collect();
         self.commit(&drafted);

@@ -39,7 +39,7 @@ impl Scheduler {
             })
             .collect();
         if spans.iter().any(|s| s.row.is_some()) {
-            self.masks = Some(MaskJob::spawn(spans));
+            self.masks = Some(MaskJob::start(spans, self.cfg.masks));
         }
         Ok(())
     }
