@@ -314,7 +314,8 @@ class LLM:
         """Counters since load: prompt_tokens, generated_tokens (sampled and
         forced), forced_tokens (appended by grammar fast-forward),
         mask_time_us (wall time of the grammar mask jobs), mask_wait_us (of
-        it, what sampling waited for; the rest hid behind the forward pass),
+        it, what the step waited for: on a CPU all of it, computed before
+        the forward pass; the rest hid behind a GPU's forward pass),
         mask_rows (computed), mask_rows_on_demand and mask_rows_refused
         (drawn without their mask; of those, refused by the grammar and
         drawn again), prefix_cache_hit_tokens, prefix_cache_queries,

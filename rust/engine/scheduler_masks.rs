@@ -49,10 +49,15 @@ impl Scheduler {
     pub(super) fn join_masks(&mut self) -> Option<MaskBatch> {
         let job = self.masks.take()?;
         let t0 = Instant::now();
+        let inline = matches!(job, MaskJob::Done(_));
         let batch = job.join();
         self.counters.mask_wait_us += t0.elapsed().as_micros() as u64;
         let mut batch = batch?;
         self.counters.mask_time_us += batch.elapsed_us;
+        if inline {
+            // computed before the forward pass: the step waited for all of it
+            self.counters.mask_wait_us += batch.elapsed_us;
+        }
         self.counters.mask_rows += batch.has_mask.iter().filter(|&&h| h).count() - batch.draft_rows;
         self.counters.drafts.mask_us += batch.draft_us;
         self.counters.drafts.mask_rows += batch.draft_rows;
