@@ -18,9 +18,11 @@ the best repetition counts. guided runs its CPU default (the GGUF's blocks,
 the native step), the same blocks through the torch step (what the CPU step
 was before rust/cpu/native_step.rs; --no-torch-step leaves it out) and float32.
 Prints one row per (engine, dtype, batch), guided/llama.cpp and
-guided/transformers ratios, and a profile of the native step's decode at
-each batch: ms per phase and the share of the step outside the matmul and
-attention kernels.
+guided/transformers ratios, the memory bandwidth measured with torch's
+threads (machine.memory_bandwidth) beside the GB/s of weights each batch-1
+decode reaches, and a profile of the native step's decode at each batch:
+ms per phase and the share of the step outside the matmul and attention
+kernels.
 """
 from __future__ import annotations
 
@@ -30,13 +32,14 @@ import resource
 import time
 from pathlib import Path
 
+import gguf
 import torch
 
 from guided import LLM, SamplingParams, _native
 from guided.model import default_model_path
 from guided.model.quant_linear import QuantLinear
 
-from machine import cpu_flags, write_json
+from machine import cpu_flags, memory_bandwidth, write_json
 
 PROMPT_WORDS = ("Explain in detail how a compiler turns source code into machine code, "
                 "covering lexing, parsing, optimisation and code generation. ")
@@ -61,6 +64,15 @@ def weight_mb(llm: LLM) -> float:
     quant = sum(m.nbytes
                 for m in model.modules() if isinstance(m, QuantLinear))
     return (dense + quant) / 2**20
+
+
+def step_read_mb(path: Path) -> float:
+    """The GGUF's weights a batch-1 decode step must read, as stored in the
+    file (MiB): every tensor but the token embedding, of which a step reads
+    one row, unless the output head is that embedding (no output.weight)."""
+    sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    tied = "output.weight" not in sizes
+    return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight") / 2**20
 
 
 def peak_rss_mb() -> float:
@@ -148,6 +160,7 @@ def main() -> None:
     engines["float32"] = LLM(str(path), dtype="float32", **common)
 
     print("CPU:", cpu_flags(), "| guided's packed kernels:", _native.packed_kernels())
+    bandwidth = memory_bandwidth()
     llama_gen = llama_cpp_run(path, prompts(1)[0], torch.get_num_threads())
     rows, profiles = [], {}
     for batch in args.batches:
@@ -188,6 +201,8 @@ def main() -> None:
           f"(all engines loaded) {peak_rss_mb():.0f} MB\n")
     for label, llm in engines.items():
         print(f"guided {label}: {weight_mb(llm):.0f} MB of weights")
+    print(f"memory bandwidth ({torch.get_num_threads()} threads): read {bandwidth['read']:.1f} GB/s, "
+          f"copy {bandwidth['copy']:.1f} GB/s (read + written)")
     width = max(len(r[1]) for r in rows) + 2
     print(f"{'engine':<14}{'dtype':<{width}}{'batch':>6}{'prefill ms':>12}{'decode tok/s':>14}")
     for name, dtype, batch, prefill, tps in rows:
@@ -197,6 +212,12 @@ def main() -> None:
     for ours in (r for r in rows if llama and r[0] == "guided" and r[2] == 1):
         print(f"batch  1, guided {ours[1]:<{width}} vs llama.cpp: decode {ours[4] / llama[4]:.2f}x, "
               f"prefill {llama[3] / ours[3]:.2f}x")
+    must_read = step_read_mb(path)
+    # the engines that run the GGUF's own blocks (not their float32 copies)
+    for name, dtype, _, _, tps in (r for r in rows if r[2] == 1 and r[1] != "float32"):
+        reached = must_read * 2**20 * tps / 1e9
+        print(f"batch  1, {name} {dtype:<{width}} reads the GGUF's {must_read:.0f} MB of weights a step "
+              f"at {reached:.1f} GB/s: {100 * reached / bandwidth['read']:.0f}% of the read bandwidth")
     for batch in args.batches:
         ref = next(r for r in rows if r[0] == "transformers" and r[2] == batch)
         for ours in (r for r in rows if r[0] == "guided" and r[2] == batch):
@@ -215,6 +236,7 @@ def main() -> None:
                [dict(zip(("engine", "dtype", "batch", "prefill_ms", "decode_tok_s"), r)) for r in rows],
                threads=torch.get_num_threads(), prompt_tokens=ids.shape[1], peak_rss_mb=peak_rss_mb(),
                weights_mb={label: weight_mb(llm) for label, llm in engines.items()},
+               memory_bandwidth_GBs=bandwidth, step_read_mb=must_read,
                native_step_profile_ms={str(b): p for b, p in profiles.items()})
 
 

@@ -64,6 +64,27 @@ def machine() -> dict:
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
 
 
+def memory_bandwidth(mib: int = 512, repeat: int = 5) -> dict[str, float]:
+    """This machine's memory bandwidth in GB/s, measured with torch's threads
+    (as set by the caller) over buffers far past the caches, best of
+    ``repeat``: "read" sums a float32 buffer of ``mib`` MiB (what a decode
+    step does to its weights), "copy" copies one into another and counts
+    both the bytes read and written."""
+    import time
+
+    import torch
+
+    n = mib * 2**20 // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    best = {"read": float("inf"), "copy": float("inf")}
+    for _ in range(repeat):
+        for kind, run in (("read", lambda: src.sum()), ("copy", lambda: dst.copy_(src))):
+            t0 = time.perf_counter()
+            run()
+            best[kind] = min(best[kind], time.perf_counter() - t0)
+    return {"read": n * 4 / best["read"] / 1e9, "copy": 2 * n * 4 / best["copy"] / 1e9}
+
+
 def write_json(path: str | None, bench: str, args, rows: list[dict], **extra) -> None:
     """Write {"bench", "args", "machine", "rows", **extra} to ``path`` (nothing if None)."""
     if path:
