@@ -22,7 +22,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::grammar::matchers::GrammarMatcher;
-use crate::threads::pool::{self, SendPtr};
+use crate::threads::pool;
 use crate::engine::sequence::SeqId;
 
 /// Where a constrained row's mask is computed.
@@ -127,12 +127,7 @@ pub fn compute(spans: Vec<MaskSpan>, on_pool: bool) -> MaskBatch {
     let mut spans = spans;
     let filled: Vec<Filled> = if on_pool {
         let mut work: Vec<_> = spans.iter_mut().zip(parts).map(|(span, part)| (span, part, Filled::default())).collect();
-        let at = SendPtr(work.as_mut_ptr());
-        pool::run(work.len(), &|i| {
-            // SAFETY: task i alone touches work[i], alive until the loop is done
-            let (span, (out, flags), filled) = unsafe { &mut *at.get().add(i) };
-            *filled = fill_span(span, out, flags, words);
-        });
+        pool::for_each_mut(&mut work, &|(span, (out, flags), filled)| *filled = fill_span(span, out, flags, words));
         work.into_iter().map(|(_, _, f)| f).collect()
     } else {
         spans

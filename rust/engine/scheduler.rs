@@ -16,7 +16,7 @@ use crate::engine::block_manager::{BlockManager, CacheEvent};
 use crate::grammar::matchers::Grammar;
 use crate::cuda::device_sampling::{device_rows, DeviceRows};
 use crate::engine::masks::{row_masks, MaskBatch, MaskJob, MaskPolicy};
-use crate::threads::pool::{self, SendPtr};
+use crate::threads::pool;
 use crate::sampling::random::Stream;
 use crate::sampling::cpu_sampler::{sample_rows, Row, Sampled, SamplingParams};
 use crate::engine::sequence::{token_ids, FinishReason, RequestParams, SeqId, Sequence, Status, Steering, Verified};
@@ -625,20 +625,17 @@ impl Scheduler {
         let masked = |i: usize| batch.is_some_and(|b| b.row(i).is_some()) || mask.is_some();
         let eos = &self.eos;
         // on the kernels' pool, as update() commits
-        let mut walks: Vec<Option<(SeqId, usize, WalkedRows)>> = (0..drafted.len()).map(|_| None).collect();
-        let at_walk = SendPtr(walks.as_mut_ptr());
-        pool::run(drafted.len(), &|k| {
-            let span = drafted[k];
+        let mut walks: Vec<(&Span, Option<WalkedRows>)> = drafted.into_iter().map(|span| (span, None)).collect();
+        pool::for_each_mut(&mut walks, &|(span, drawn)| {
             let Some(seq) = self.seqs.get(&span.id) else { return };
             let at = span.first..span.first + span.draft.len() + 1;
             let rows: Vec<&[f32]> = at.clone().map(|i| &logits[i * vocab..(i + 1) * vocab]).collect();
             let masks: Vec<Option<&[i32]>> = at.map(|i| masked(i).then_some(&owned[i][..])).collect();
             let row = Row { params: &seq.sampling, prompt: seq.prompt(), output: seq.output(), banned: &[] };
-            let drawn = walk(&span.draft, &rows, &masks, seq.constraint.is_some(), &row, |r| seq.banned_after(eos, r), seq.rng);
-            // SAFETY: task k alone writes walks[k], alive until the loop is done
-            unsafe { *at_walk.get().add(k) = Some((span.id, span.first, drawn)) };
+            *drawn = Some(walk(&span.draft, &rows, &masks, seq.constraint.is_some(), &row, |r| seq.banned_after(eos, r), seq.rng));
         });
-        for (id, first, (draws, streams)) in walks.into_iter().flatten() {
+        for (span, (draws, streams)) in walks.into_iter().filter_map(|(span, drawn)| Some((span, drawn?))) {
+            let (id, first) = (span.id, span.first);
             for (r, s) in draws.into_iter().enumerate().filter_map(|(r, d)| Some((r, d?))) {
                 out[first + r] = s;
             }
@@ -803,10 +800,7 @@ impl Scheduler {
             self.seqs.iter_mut().filter_map(|(id, s)| span_of.get(id).map(|&i| (i, s, None))).collect();
         rows.sort_unstable_by_key(|(i, _, _)| *i);
         let (eos, max_len, spans) = (&self.eos, self.max_len, &flight.spans);
-        let at = SendPtr(rows.as_mut_ptr());
-        pool::run(rows.len(), &|r| {
-            // SAFETY: task r alone touches rows[r], alive until the loop is done
-            let (i, seq, done) = unsafe { &mut *at.get().add(r) };
+        pool::for_each_mut(&mut rows, &|(i, seq, done)| {
             let span = &spans[*i];
             let mut v = match walks.get(&span.id) {
                 Some(streams) => {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::{Error, Scheduler};
-use crate::threads::pool::{self, SendPtr};
+use crate::threads::pool;
 use crate::engine::masks::{MaskBatch, MaskJob, MaskPolicy, MaskSpan};
 use crate::engine::sequence::{Constraint, SeqId};
 use crate::sampling::cpu_sampler::{sample_rows, Sampled};
@@ -91,15 +91,12 @@ impl Scheduler {
             return;
         }
         let t0 = Instant::now();
-        let mut work: Vec<((usize, i64), &mut Constraint)> =
-            self.seqs.iter_mut().filter_map(|(id, s)| Some((*deferred.get(id)?, s.constraint.as_mut()?))).collect();
+        // each row's (index, token), grammar, and mask where it refuses the token
+        let mut work: Vec<((usize, i64), &mut Constraint, Option<Vec<i32>>)> =
+            self.seqs.iter_mut().filter_map(|(id, s)| Some((*deferred.get(id)?, s.constraint.as_mut()?, None))).collect();
         // on the kernels' pool, as the rows are drawn (cpu_sampler::sample_rows): its helpers
         // still spin from the forward pass, where rayon's would have to wake beside them
-        let mut masks_of: Vec<Option<Vec<i32>>> = vec![None; work.len()];
-        let (work_at, masks_at) = (SendPtr(work.as_mut_ptr()), SendPtr(masks_of.as_mut_ptr()));
-        pool::run(work.len(), &|i| {
-            // SAFETY: task i alone touches work[i] and masks_of[i], alive until the loop is done
-            let (((_, token), c), slot) = unsafe { (&mut *work_at.get().add(i), &mut *masks_at.get().add(i)) };
+        pool::for_each_mut(&mut work, &|((_, token), c, slot)| {
             let Some(m) = c.matcher.as_mut() else { return };
             if u32::try_from(*token).is_ok_and(|t| m.allows(t)) {
                 return;
@@ -109,7 +106,7 @@ impl Scheduler {
             *slot = Some(words);
         });
         let mut refused: Vec<(usize, Vec<i32>)> =
-            work.iter().zip(masks_of).filter_map(|(((k, _), _), words)| Some((*k, words?))).collect();
+            work.into_iter().filter_map(|((k, _), _, words)| Some((k, words?))).collect();
         self.counters.mask_rows_refused += refused.len();
         self.counters.mask_rows += refused.len();
         if !refused.is_empty() {

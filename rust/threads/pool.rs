@@ -139,6 +139,13 @@ pub fn run(tasks: usize, body: &(dyn Fn(usize) + Sync)) {
     run_job(tasks, body, true)
 }
 
+/// [`run`] over the items of a slice, each task with its own item alone.
+pub fn for_each_mut<T: Send>(items: &mut [T], body: &(dyn Fn(&mut T) + Sync)) {
+    let at = SendPtr(items.as_mut_ptr());
+    // SAFETY: task i alone touches items[i], borrowed until the loop is done
+    run(items.len(), &|i| body(unsafe { &mut *at.get().add(i) }));
+}
+
 /// As [`run`], but the helpers sleep as soon as the loop is done: for calls
 /// between which other threads need the cores (torch's own, in a step whose
 /// matmuls are torch's), where spinning helpers slowed a float32 step by a third.
