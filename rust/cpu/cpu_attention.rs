@@ -283,6 +283,8 @@ unsafe fn attend_group_avx2<T: KvElem>(
     };
     let every = 0..group.rows.len();
     let (kp, vp) = (k.as_ptr(), v.as_ptr());
+    // the values' first positions arrive while the scores are computed
+    prefetch_rows(&at[..at.len().min(VALUE_CHUNK)], vp, d);
     scores_avx2(&at[..group.shared], kp, &every.clone().map(|x| (qs(x), ws(x, 0))).collect::<Vec<_>>(), g, d, scores);
     for (x, range) in own.iter().enumerate() {
         let start = group.shared.max(seen[x].0);
@@ -331,9 +333,11 @@ unsafe fn scores_avx2<T: KvElem>(at: &[usize], kp: *const T, targets: &[(*const 
     let heads: Vec<(*const f32, *mut f32)> = targets.iter()
         .flat_map(|&(q, (w, n))| (0..g).map(move |m| (q.add(m * d), w.add(m * n))))
         .collect();
+    prefetch_rows(&at[..at.len().min(AHEAD)], kp, d);
     let mut i = 0;
     while i < at.len() {
         let four = i + 4 <= at.len();
+        prefetch_rows(&at[(i + AHEAD).min(at.len())..(i + AHEAD + 4).min(at.len())], kp, d);
         let keys = [0, 1, 2, 3].map(|j| kp.add(at[if four { i + j } else { i }]));
         for pair in heads.chunks(2) {
             let acc = match pair {
@@ -376,6 +380,24 @@ unsafe fn dots<T: KvElem, const H: usize>(qs: [*const f32; H], keys: [*const T; 
     acc
 }
 
+/// Positions ahead whose keys are fetched while the current ones are scored.
+const AHEAD: usize = 16;
+
+/// Asks for the cache lines of the `d` elements at each offset: the positions
+/// of a paged cache are scattered over blocks, which the hardware's stride
+/// prefetchers follow only within a block.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_rows<T>(at: &[usize], base: *const T, d: usize) {
+    let bytes = d * std::mem::size_of::<T>();
+    for &p in at {
+        let row = base.add(p) as *const i8;
+        for line in (0..bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(row.add(line));
+        }
+    }
+}
+
 /// Positions of values in L1 at a time.
 const VALUE_CHUNK: usize = 32;
 
@@ -387,8 +409,10 @@ const VALUE_CHUNK: usize = 32;
 #[target_feature(enable = "avx2,fma")]
 unsafe fn values_avx2<T: KvElem>(at: &[usize], vp: *const T, targets: &[((*mut f32, usize), *mut f32)], g: usize, d: usize) {
     let body = d / 8 * 8;
+    prefetch_rows(&at[..at.len().min(VALUE_CHUNK)], vp, d);
     for (c, chunk) in at.chunks(VALUE_CHUNK).enumerate() {
         let skip = c * VALUE_CHUNK;
+        prefetch_rows(&at[(skip + VALUE_CHUNK).min(at.len())..(skip + 2 * VALUE_CHUNK).min(at.len())], vp, d);
         for &((w, n), o) in targets {
             for m0 in (0..g).step_by(4) {
                 let h = (g - m0).min(4);
