@@ -2,11 +2,13 @@
 //!
 //! A GGUF stores a weight matrix row by row in 32- or 256-column blocks. For
 //! the CPU step every block format with a packing here is rewritten once, at
-//! load, into one of two layouts: 4-bit values (`Nibbles`: Q4_0, Q4_1, Q4_K)
-//! or 8-bit values (`Bytes`: Q5_0, Q5_1, Q5_K, Q6_K, Q8_0), each with a scale
-//! per 32 columns (two for Q6_K's 16-column scales) and an offset where the
-//! format has one, so that every weight is `d·q + m` exactly as ggml
-//! dequantizes it (`tests`: bit for bit). Eight weight rows are interleaved
+//! load, into one of three layouts: 4-bit values (Q4_0, Q4_1, Q4_K), 4-bit
+//! values with their fifth bits apart (Q5_0, Q5_1, Q5_K) or 8-bit values
+//! (Q6_K, Q8_0), each with a scale per 32 columns (two for Q6_K's 16-column
+//! scales) and an offset where the format has one, so that every weight is
+//! `d·q + m` exactly as ggml dequantizes it (`tests`: bit for bit). The
+//! K-quants keep their 6- and 8-bit scales, times their super-block's scale
+//! in the kernel (`Packing::half`). Eight weight rows are interleaved
 //! per block — a 32-bit lane of a 256-bit register holds four values of one
 //! row — so a kernel broadcasts four activation values to every lane and one
 //! integer multiply-add serves eight rows. Each block of eight rows is loaded
@@ -39,11 +41,19 @@ pub const LANES: usize = 8;
 pub struct Packing {
     /// 4-bit unsigned values (else 8-bit signed)
     nibbles: bool,
+    /// with `nibbles`, each value's fifth bit in a plane after them (the
+    /// Q5 formats, read as 5-bit unsigned values with an offset): 6 bits a
+    /// value, where 8-bit values would take 8.5
+    fifth: bool,
     /// scales per row and block: 1, or 2 (one per 16 columns)
     subs: usize,
     /// a per-row, per-block offset: w = d·q + m
     min: bool,
-    /// scales and offsets as f16 (the source's own, kept exactly), else f32
+    /// scales and offsets as f16 (the source's own, kept exactly); else (the
+    /// K-quants) as the source's own 6- or 8-bit integers, each times its
+    /// lane's f32 scale (offsets: the negated offset scale) of the 256-column
+    /// super-block, in a table after the records (`super_bytes`): the
+    /// product ggml's dequantization forms, exact in f32
     half: bool,
     /// 8-bit values are within ±32, so four products pairs add up in 16 bits (AVX2)
     narrow: bool,
@@ -54,8 +64,20 @@ impl Packing {
         if self.half {
             2
         } else {
-            4
+            1
         }
+    }
+    /// Bytes of one group's super-block scales (per eight blocks): each lane's scale, and offset scale.
+    fn super_bytes(self) -> usize {
+        if self.half {
+            0
+        } else {
+            LANES * 4 * (1 + self.min as usize)
+        }
+    }
+    /// Bytes of a [rows, blocks · 32] matrix: its records, then its super-block scales.
+    fn matrix_bytes(self, rows: usize, blocks: usize) -> usize {
+        rows.div_ceil(LANES) * (blocks * self.record() + blocks.div_ceil(8) * self.super_bytes())
     }
     fn mins_at(self) -> usize {
         LANES * self.subs * self.scale_bytes()
@@ -63,34 +85,41 @@ impl Packing {
     fn quants_at(self) -> usize {
         self.mins_at() + if self.min { LANES * self.scale_bytes() } else { 0 }
     }
+    /// Where the fifth bits start: for each of the four 32-byte chunks of
+    /// nibbles, a 32-bit word for its low nibbles' bits, then one for its high nibbles'.
+    fn fifths_at(self) -> usize {
+        self.quants_at() + LANES * BLOCK / 2
+    }
     /// Bytes of one block of eight rows.
     fn record(self) -> usize {
-        self.quants_at() + if self.nibbles { LANES * BLOCK / 2 } else { LANES * BLOCK }
+        self.quants_at() + if self.nibbles { LANES * BLOCK / 2 + if self.fifth { LANES * BLOCK / 8 } else { 0 } } else { LANES * BLOCK }
     }
 }
 
 /// The ggml formats with a packing: type id and how it packs.
 fn packing_of(ty: u32) -> Option<Packing> {
-    let p = |nibbles, subs, min, half, narrow| Some(Packing { nibbles, subs, min, half, narrow });
+    let p = |nibbles, fifth, subs, min, half, narrow| Some(Packing { nibbles, fifth, subs, min, half, narrow });
     match ty {
-        2 => p(true, 1, true, true, false),    // Q4_0: q - 8 as q with m = -8d
-        3 => p(true, 1, true, true, false),    // Q4_1
-        6 => p(false, 1, false, true, true),   // Q5_0: q - 16
-        7 => p(false, 1, true, true, true),    // Q5_1
-        8 => p(false, 1, false, true, false),  // Q8_0
-        12 => p(true, 1, true, false, false),  // Q4_K: d·sc and -dmin·m per 32 columns
-        13 => p(false, 1, true, false, true),  // Q5_K
-        14 => p(false, 2, false, false, true), // Q6_K: d·sc per 16 columns
+        2 => p(true, false, 1, true, true, false),    // Q4_0: q - 8 as q with m = -8d
+        3 => p(true, false, 1, true, true, false),    // Q4_1
+        6 => p(true, true, 1, true, true, false),     // Q5_0: q - 16 as q with m = -16d
+        7 => p(true, true, 1, true, true, false),     // Q5_1
+        8 => p(false, false, 1, false, true, false),  // Q8_0
+        12 => p(true, false, 1, true, false, false),  // Q4_K: d·sc and -dmin·m per 32 columns
+        13 => p(true, true, 1, true, false, false),   // Q5_K
+        14 => p(false, false, 2, false, false, true), // Q6_K: d·sc per 16 columns
         _ => None,
     }
 }
 
 /// One 32-column block of one row, decoded from a ggml block: values, and
-/// the scale(s) and offset as the packing stores them (f16 bits or f32 bits).
+/// the scale(s) and offset as the packing stores them (f16 bits, or the
+/// K-quants' integers with their super-block's scale and negated offset scale).
 struct Decoded {
     q: [i8; BLOCK],
     scales: [u32; 2],
     min: u32,
+    sup: [f32; 2],
 }
 
 /// A weight matrix [rows, cols] in a packed layout: for each group of eight
@@ -182,7 +211,9 @@ impl PackedMatrix {
         let blocks = cols / BLOCK;
         let groups = rows.div_ceil(LANES);
         let record = packing.record();
-        let mut out = vec![0u8; groups * blocks * record];
+        let mut out = vec![0u8; packing.matrix_bytes(rows, blocks)];
+        let supers = groups * blocks * record;
+        let sup_group = blocks.div_ceil(8) * packing.super_bytes();
         let ok = std::sync::atomic::AtomicBool::new(true);
         let out_ptr = SendPtr(out.as_mut_ptr());
         pool::run(groups, &|g| {
@@ -194,9 +225,13 @@ impl PackedMatrix {
                         ok.store(false, std::sync::atomic::Ordering::Relaxed);
                         return;
                     };
-                    // SAFETY: each (group, block) record is written by this task only
+                    // SAFETY: each (group, block) record, and each group's super-block scales,
+                    // are written by this task only
                     let rec = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((g * blocks + b) * record), record) };
-                    write_lane(packing, rec, lane, &dec);
+                    let sup = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.get().add(supers + g * sup_group + b / 8 * packing.super_bytes()), packing.super_bytes())
+                    };
+                    write_lane(packing, rec, sup, lane, &dec);
                 }
             }
         });
@@ -209,7 +244,7 @@ impl PackedMatrix {
         let packing = packing_of(ty)?;
         let blocks = cols / BLOCK;
         let whole = cols % BLOCK == 0 && !(cols % 256 != 0 && matches!(ty, 12..=14));
-        (whole && data.len() == rows.div_ceil(LANES) * blocks * packing.record())
+        (whole && data.len() == packing.matrix_bytes(rows, blocks))
             .then_some(PackedMatrix { packing, rows, cols, blocks, data, norms: Default::default() })
     }
 
@@ -226,16 +261,27 @@ impl PackedMatrix {
         self.packing.record()
     }
 
+    /// Group `g`'s super-block scales (empty where the scales are f16).
+    fn supers(&self, g: usize) -> &[u8] {
+        let per = self.blocks.div_ceil(8) * self.packing.super_bytes();
+        &self.data[self.rows.div_ceil(LANES) * self.blocks * self.record() + g * per..][..per]
+    }
+
+    /// Block `b` of group `g`: its record, and its super-block's scales.
+    fn block(&self, g: usize, b: usize) -> (&[u8], &[u8]) {
+        let sb = self.packing.super_bytes();
+        (&self.data[(g * self.blocks + b) * self.record()..][..self.record()], &self.supers(g)[b / 8 * sb..][..sb])
+    }
+
     /// Row `r` as f32, by the operations ggml's dequantization does (the same values, bit for bit).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let p = self.packing;
         let (g, lane) = (r / LANES, r % LANES);
         for b in 0..self.blocks {
-            let rec = &self.data[(g * self.blocks + b) * self.record()..][..self.record()];
-            let scale = |i: usize, at: usize| read_scale(p, &rec[at + i * p.scale_bytes()..]);
-            let min = if p.min { scale(lane, p.mins_at()) } else { 0.0 };
+            let (rec, sup) = self.block(g, b);
+            let (scales, min) = lane_scales(p, rec, sup, lane);
             for i in 0..BLOCK {
-                let d = scale((i * p.subs / BLOCK) * LANES + lane, 0);
+                let d = scales[i * p.subs / BLOCK];
                 let q = read_quant(p, rec, lane, i) as f32;
                 out[b * BLOCK + i] = if p.min { q * d + min } else { q * d };
             }
@@ -376,12 +422,10 @@ impl PackedMatrix {
                     let mut squares = 0f32;
                     for k in 0..self.blocks {
                         // the values as dequantize_row has them (d·q + m), the scales read once a block
-                        let rec = &self.data[(g * self.blocks + k) * self.record()..][..self.record()];
-                        let scale = |i: usize, at: usize| read_scale(p, &rec[at + i * p.scale_bytes()..]);
-                        let min = if p.min { scale(lane, p.mins_at()) } else { 0.0 };
+                        let (rec, sup) = self.block(g, k);
+                        let (scales, min) = lane_scales(p, rec, sup, lane);
                         let mut n = 0f32;
-                        for sub in 0..p.subs {
-                            let d = scale(sub * LANES + lane, 0);
+                        for (sub, &d) in scales.iter().enumerate().take(p.subs) {
                             for i in sub * BLOCK / p.subs..(sub + 1) * BLOCK / p.subs {
                                 let q = read_quant(p, rec, lane, i) as f32;
                                 n += (if p.min { q * d + min } else { q * d }).abs();
@@ -404,6 +448,8 @@ impl PackedMatrix {
         Tile {
             rec: self.data[g * self.blocks * self.record()..].as_ptr(),
             record: self.record(),
+            sup: self.supers(g).as_ptr(),
+            super_bytes: self.packing.super_bytes(),
             blocks: self.blocks,
             q: [null; MAX_ROWS],
             u: [std::ptr::null(); MAX_ROWS],
@@ -427,10 +473,10 @@ impl PackedMatrix {
 /// One 32-column block `b` of a ggml row, as values with their scales.
 fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
     let h = |at: usize| u16::from_le_bytes([row[at], row[at + 1]]) as u32;
-    let f = |x: f32| x.to_bits();
     let mut q = [0i8; BLOCK];
     let mut scales = [0u32; 2];
     let mut min = 0;
+    let mut sup = [0f32; 2];
     match ty {
         2 | 3 => {
             let size = if ty == 2 { 18 } else { 20 };
@@ -449,17 +495,14 @@ fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
             let hat = if ty == 6 { 2 } else { 4 };
             let qh = u32::from_le_bytes([blk[hat], blk[hat + 1], blk[hat + 2], blk[hat + 3]]);
             let qs = &blk[hat + 4..];
-            let off = if ty == 6 { 16 } else { 0 };
             for j in 0..16 {
                 let h0 = ((qh >> j) << 4) & 0x10;
                 let h1 = (qh >> (j + 12)) & 0x10;
-                q[j] = ((qs[j] as u32 & 0x0F | h0) as i32 - off) as i8;
-                q[j + 16] = ((qs[j] as u32 >> 4 | h1) as i32 - off) as i8;
+                q[j] = (qs[j] as u32 & 0x0F | h0) as i8;
+                q[j + 16] = (qs[j] as u32 >> 4 | h1) as i8;
             }
             scales[0] = h(b * size);
-            if ty == 7 {
-                min = h(b * size + 2);
-            }
+            min = if ty == 7 { h(b * size + 2) } else { f32_to_f16_exact(-16.0 * f16_to_f32(scales[0] as u16))? as u32 };
         }
         8 => {
             let blk = &row[b * 34..][..34];
@@ -476,9 +519,8 @@ fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
             let d = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
             let dmin = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
             let (sc, m) = scale_min_k4(sub, &blk[4..16]);
-            // as ggml: d1 = d·sc, m1 = dmin·m, w = d1·q - m1
-            scales[0] = f(d * sc as f32);
-            min = f(-(dmin * m as f32));
+            // as ggml: d1 = d·sc, m1 = dmin·m, w = d1·q - m1 (-m1 = (-dmin)·m, exactly)
+            (scales[0], min, sup) = (sc as u32, m as u32, [d, -dmin]);
             let (qs, pair, high) = if ty == 12 { (&blk[16..], sub / 2, sub % 2 == 1) } else { (&blk[48..], sub / 2, sub % 2 == 1) };
             for l in 0..BLOCK {
                 let byte = qs[pair * 32 + l];
@@ -506,12 +548,13 @@ fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
                 q[l] = ((lo | hi << 4) as i32 - 32) as i8;
             }
             for (i, s) in scales.iter_mut().enumerate() {
-                *s = f(d * sc[n * 8 + 2 * k + i] as i8 as f32);
+                *s = sc[n * 8 + 2 * k + i] as u32;
             }
+            sup[0] = d;
         }
         _ => return None,
     }
-    Some(Decoded { q, scales, min })
+    Some(Decoded { q, scales, min, sup })
 }
 
 /// ggml's get_scale_min_k4: the 6-bit scale and offset of sub-block `j` of a K-quant super-block.
@@ -523,8 +566,11 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-fn write_lane(p: Packing, rec: &mut [u8], lane: usize, dec: &Decoded) {
+fn write_lane(p: Packing, rec: &mut [u8], sup: &mut [u8], lane: usize, dec: &Decoded) {
     let sb = p.scale_bytes();
+    for (i, v) in dec.sup.iter().enumerate().take(sup.len() / (4 * LANES)) {
+        sup[(i * LANES + lane) * 4..][..4].copy_from_slice(&v.to_le_bytes());
+    }
     for s in 0..p.subs {
         let at = (s * LANES + lane) * sb;
         rec[at..at + sb].copy_from_slice(&dec.scales[s].to_le_bytes()[..sb]);
@@ -533,31 +579,44 @@ fn write_lane(p: Packing, rec: &mut [u8], lane: usize, dec: &Decoded) {
         let at = p.mins_at() + lane * sb;
         rec[at..at + sb].copy_from_slice(&dec.min.to_le_bytes()[..sb]);
     }
-    let qs = &mut rec[p.quants_at()..];
+    let (quants, fifths) = (p.quants_at(), p.fifths_at());
     if p.nibbles {
-        // chunk j (32 bytes), lane's 4 bytes: values 4j..4j+4 in the low nibbles, 16+4j.. in the high
+        // chunk j (32 bytes), lane's 4 bytes: values 4j..4j+4 in the low nibbles, 16+4j.. in the
+        // high; their fifth bits at bits lane·4.. of chunk j's two words
         for j in 0..4 {
             for i in 0..4 {
                 let (lo, hi) = (dec.q[4 * j + i] as u8, dec.q[16 + 4 * j + i] as u8);
-                qs[j * 32 + lane * 4 + i] = lo | hi << 4;
+                rec[quants + j * 32 + lane * 4 + i] = lo & 0x0F | hi << 4;
+                if p.fifth {
+                    let bit = lane * 4 + i;
+                    rec[fifths + 8 * j + bit / 8] |= (lo >> 4 & 1) << (bit % 8);
+                    rec[fifths + 8 * j + 4 + bit / 8] |= (hi >> 4 & 1) << (bit % 8);
+                }
             }
         }
     } else {
         // chunk g (32 bytes), lane's 4 bytes: values 4g..4g+4
         for g in 0..8 {
             for i in 0..4 {
-                qs[g * 32 + lane * 4 + i] = dec.q[4 * g + i] as u8;
+                rec[quants + g * 32 + lane * 4 + i] = dec.q[4 * g + i] as u8;
             }
         }
     }
 }
 
-fn read_scale(p: Packing, at: &[u8]) -> f32 {
-    if p.half {
-        f16_to_f32(u16::from_le_bytes([at[0], at[1]]))
-    } else {
-        f32::from_le_bytes([at[0], at[1], at[2], at[3]])
-    }
+/// A lane's scales (one per sub-block) and offset in a block's record, with its super-block's scales `sup`.
+fn lane_scales(p: Packing, rec: &[u8], sup: &[u8], lane: usize) -> ([f32; 2], f32) {
+    let value = |at: usize, which: usize| -> f32 {
+        if p.half {
+            f16_to_f32(u16::from_le_bytes([rec[at], rec[at + 1]]))
+        } else {
+            let base = &sup[(which * LANES + lane) * 4..];
+            f32::from_le_bytes([base[0], base[1], base[2], base[3]]) * rec[at] as i8 as f32
+        }
+    };
+    let sb = p.scale_bytes();
+    let scales = std::array::from_fn(|s| if s < p.subs { value((s * LANES + lane) * sb, 0) } else { 0.0 });
+    (scales, if p.min { value(p.mins_at() + lane * sb, 1) } else { 0.0 })
 }
 
 /// Value `i` (0..32) of `lane` in a record.
@@ -566,7 +625,9 @@ fn read_quant(p: Packing, rec: &[u8], lane: usize, i: usize) -> i32 {
     if p.nibbles {
         let (j, k, high) = ((i % 16) / 4, i % 4, i >= 16);
         let byte = qs[j * 32 + lane * 4 + k];
-        (if high { byte >> 4 } else { byte & 0x0F }) as i32
+        let bit = lane * 4 + k;
+        let fifth = if p.fifth { (rec[p.fifths_at() + 8 * j + 4 * high as usize + bit / 8] >> (bit % 8) & 1) << 4 } else { 0 };
+        (if high { byte >> 4 } else { byte & 0x0F } | fifth) as i32
     } else {
         qs[(i / 4) * 32 + lane * 4 + i % 4] as i8 as i32
     }
@@ -582,6 +643,9 @@ const MAX_ROWS: usize = 8;
 struct Tile {
     rec: *const u8,
     record: usize,
+    /// the group's super-block scales (K-quants), `super_bytes` per eight blocks
+    sup: *const u8,
+    super_bytes: usize,
     blocks: usize,
     q: [*const i8; MAX_ROWS],
     /// the rows' q + 128 (VNNI only; null elsewhere)
@@ -619,14 +683,13 @@ macro_rules! dispatch_rows {
 
 macro_rules! for_packing {
     ($p:expr, $f:ident, $max:literal) => {
-        match ($p.nibbles, $p.subs, $p.min, $p.half, $p.narrow) {
-            (true, 1, true, true, _) => dispatch_rows!($f, $max, true, 1, true, true, false),
-            (true, 1, true, false, _) => dispatch_rows!($f, $max, true, 1, true, false, false),
-            (false, 1, false, true, true) => dispatch_rows!($f, $max, false, 1, false, true, true),
-            (false, 1, true, true, true) => dispatch_rows!($f, $max, false, 1, true, true, true),
-            (false, 1, false, true, false) => dispatch_rows!($f, $max, false, 1, false, true, false),
-            (false, 1, true, false, true) => dispatch_rows!($f, $max, false, 1, true, false, true),
-            (false, 2, false, false, true) => dispatch_rows!($f, $max, false, 2, false, false, true),
+        match ($p.nibbles, $p.fifth, $p.subs, $p.min, $p.half, $p.narrow) {
+            (true, false, 1, true, true, false) => dispatch_rows!($f, $max, true, false, 1, true, true, false),
+            (true, false, 1, true, false, false) => dispatch_rows!($f, $max, true, false, 1, true, false, false),
+            (true, true, 1, true, true, false) => dispatch_rows!($f, $max, true, true, 1, true, true, false),
+            (true, true, 1, true, false, false) => dispatch_rows!($f, $max, true, true, 1, true, false, false),
+            (false, false, 1, false, true, false) => dispatch_rows!($f, $max, false, false, 1, false, true, false),
+            (false, false, 2, false, false, true) => dispatch_rows!($f, $max, false, false, 2, false, false, true),
             other => unreachable!("no kernel for packing {other:?}"),
         }
     };
@@ -643,25 +706,25 @@ fn kernel_for(p: Packing, isa: Isa) -> Kernel {
 }
 
 /// The kernels' arithmetic, one lane at a time: the reference the SIMD kernels equal bit for bit.
-unsafe fn scalar_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+unsafe fn scalar_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let mut acc = [[0f32; LANES]; R];
     for b in 0..t.blocks {
         let rec = std::slice::from_raw_parts(t.rec.add(b * t.record), t.record);
+        let sup = std::slice::from_raw_parts(t.sup.add(b / 8 * t.super_bytes), t.super_bytes);
         for r in 0..R {
             let a = std::slice::from_raw_parts(t.q[r].add(b * BLOCK), BLOCK);
             let (da, sa) = (*t.d[r].add(b), *t.s[r].add(b));
             for lane in 0..LANES {
-                for s in 0..SUBS {
+                let (scales, m) = lane_scales(p, rec, sup, lane);
+                for (s, dw) in scales.iter().enumerate().take(SUBS) {
                     let span = BLOCK / SUBS;
                     let isum: i32 = (s * span..(s + 1) * span).map(|i| read_quant(p, rec, lane, i) * a[i] as i32).sum();
-                    let dw = read_scale(p, &rec[(s * LANES + lane) * p.scale_bytes()..]);
                     acc[r][lane] = (dw * da).mul_add(isum as f32, acc[r][lane]);
                 }
                 if MIN {
-                    let m = read_scale(p, &rec[p.mins_at() + lane * p.scale_bytes()..]);
                     acc[r][lane] = m.mul_add(sa, acc[r][lane]);
                 }
             }
@@ -672,14 +735,29 @@ unsafe fn scalar_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const
     }
 }
 
+/// Eight lanes' scales (or offsets) at `at`: f16s, or 8-bit integers times the super-block's `base`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn load_scales<const HALF: bool>(at: *const u8) -> __m256 {
+unsafe fn load_scales<const HALF: bool>(at: *const u8, base: *const u8) -> __m256 {
     if HALF {
         _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
     } else {
-        _mm256_loadu_ps(at as *const f32)
+        let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i));
+        _mm256_mul_ps(_mm256_loadu_ps(base as *const f32), _mm256_cvtepi32_ps(ints))
     }
+}
+
+/// A block's scales for its eight lanes (one per sub-block) and their offsets.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_scales<const SUBS: usize, const MIN: bool, const HALF: bool>(t: &Tile, b: usize, p: Packing) -> ([__m256; 2], __m256) {
+    let (rec, sup) = (t.rec.add(b * t.record), t.sup.add(b / 8 * t.super_bytes));
+    let mut dw = [_mm256_setzero_ps(); 2];
+    for (s, d) in dw.iter_mut().enumerate().take(SUBS) {
+        *d = load_scales::<HALF>(rec.add(s * LANES * p.scale_bytes()), sup);
+    }
+    let m = if MIN { load_scales::<HALF>(rec.add(p.mins_at()), sup.add(4 * LANES)) } else { _mm256_setzero_ps() };
+    (dw, m)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -692,9 +770,8 @@ unsafe fn broadcast4(at: *const i8) -> __m256i {
 /// acc += (d_w · d_a) · isum, then acc += m_w · s_a.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn scale_block<const SUBS: usize, const MIN: bool, const HALF: bool>(
-    rec: *const u8,
-    p: Packing,
+unsafe fn scale_block<const SUBS: usize, const MIN: bool>(
+    (dw, m): ([__m256; 2], __m256),
     isum: &[__m256i; 2],
     da: f32,
     sa: f32,
@@ -703,11 +780,9 @@ unsafe fn scale_block<const SUBS: usize, const MIN: bool, const HALF: bool>(
     let mut acc = acc;
     let da = _mm256_set1_ps(da);
     for (s, sum) in isum.iter().enumerate().take(SUBS) {
-        let dw = load_scales::<HALF>(rec.add(s * LANES * p.scale_bytes()));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(*sum), acc);
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[s], da), _mm256_cvtepi32_ps(*sum), acc);
     }
     if MIN {
-        let m = load_scales::<HALF>(rec.add(p.mins_at()));
         acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc);
     }
     acc
@@ -723,12 +798,25 @@ unsafe fn nibbles(qs: *const u8, j: usize) -> (__m256i, __m256i) {
     (_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))
 }
 
+/// 16 in each byte whose bit is set in `bits` (byte i: bit i), else 0.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fifth_bits_avx2(bits: u32) -> __m256i {
+    // byte i takes byte i / 8 of the word, then its own bit of it
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(16))
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+unsafe fn avx2_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let qat = p.quants_at();
     let ones = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
@@ -738,19 +826,33 @@ unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
         let qs = rec.add(qat);
         let mut isum = [[zero; 2]; R];
         if NIB {
-            // 16-bit sums of 16 products each: |15 · 127| · 16 < 2^15
+            // 16-bit sums of 16 products each: |15 · 127| · 16 < 2^15 (with fifth bits,
+            // of 8: |31 · 127| · 8 < 2^15)
             let mut p16 = [zero; R];
             for j in 0..4 {
-                let (lo, hi) = nibbles(qs, j);
+                let (mut lo, mut hi) = nibbles(qs, j);
+                if FIFTH {
+                    let words = rec.add(p.fifths_at() + 8 * j) as *const u32;
+                    lo = _mm256_or_si256(lo, fifth_bits_avx2(words.read_unaligned()));
+                    hi = _mm256_or_si256(hi, fifth_bits_avx2(words.add(1).read_unaligned()));
+                }
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     let x = _mm256_maddubs_epi16(lo, broadcast4(a.add(4 * j)));
                     let y = _mm256_maddubs_epi16(hi, broadcast4(a.add(16 + 4 * j)));
                     p16[r] = _mm256_add_epi16(p16[r], _mm256_add_epi16(x, y));
                 }
+                if FIFTH && j % 2 == 1 {
+                    for r in 0..R {
+                        isum[r][0] = _mm256_add_epi32(isum[r][0], _mm256_madd_epi16(p16[r], ones));
+                        p16[r] = zero;
+                    }
+                }
             }
-            for r in 0..R {
-                isum[r][0] = _mm256_madd_epi16(p16[r], ones);
+            if !FIFTH {
+                for r in 0..R {
+                    isum[r][0] = _mm256_madd_epi16(p16[r], ones);
+                }
             }
         } else {
             let mut p16 = [zero; R];
@@ -776,8 +878,9 @@ unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
                 }
             }
         }
+        let scales = block_scales::<SUBS, MIN, HALF>(t, b, p);
         for r in 0..R {
-            acc[r] = scale_block::<SUBS, MIN, HALF>(rec, p, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+            acc[r] = scale_block::<SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
         }
     }
     for r in 0..R {
@@ -786,11 +889,11 @@ unsafe fn avx2_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn vnni_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
     let qat = p.quants_at();
     let ones8 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
@@ -801,7 +904,13 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
         let mut isum = [[zero; 2]; R];
         if NIB {
             for j in 0..4 {
-                let (lo, hi) = nibbles(qs, j);
+                let (mut lo, mut hi) = nibbles(qs, j);
+                if FIFTH {
+                    // 16 added to the bytes whose fifth bit is set
+                    let (words, sixteen) = (rec.add(p.fifths_at() + 8 * j) as *const u32, _mm256_set1_epi8(16));
+                    lo = _mm256_mask_add_epi8(lo, words.read_unaligned(), lo, sixteen);
+                    hi = _mm256_mask_add_epi8(hi, words.add(1).read_unaligned(), hi, sixteen);
+                }
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], lo, broadcast4(a.add(4 * j)));
@@ -826,8 +935,9 @@ unsafe fn vnni_tile<const NIB: bool, const SUBS: usize, const MIN: bool, const H
                 }
             }
         }
+        let scales = block_scales::<SUBS, MIN, HALF>(t, b, p);
         for r in 0..R {
-            acc[r] = scale_block::<SUBS, MIN, HALF>(rec, p, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+            acc[r] = scale_block::<SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
         }
     }
     for r in 0..R {
@@ -898,7 +1008,7 @@ mod tests {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
                 out.push(Isa::Avx2);
             }
-            if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f") {
+            if crate::cpu::simd::has_vnni() {
                 out.push(Isa::Vnni);
             }
         }

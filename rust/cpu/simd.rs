@@ -32,7 +32,7 @@ pub fn isa() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-            let vnni = avx2 && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f");
+            let vnni = avx2 && has_vnni();
             if std::env::var("GUIDED_PACKED_ISA").as_deref() == Ok("avx2") && avx2 {
                 return Isa::Avx2;
             }
@@ -45,6 +45,21 @@ pub fn isa() -> Isa {
         }
         Isa::Scalar
     })
+}
+
+/// Whether the CPU has what the VNNI kernels use: AVX-512 F, BW, VL and VNNI.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether the CPU has AVX2 and FMA (asked once): the float kernels' own test.
