@@ -2,13 +2,14 @@
 //!
 //! A GGUF stores a weight matrix row by row in 32- or 256-column blocks. For
 //! the CPU step every block format with a packing here is rewritten once, at
-//! load, into one of three layouts: 4-bit values (Q4_0, Q4_1, Q4_K), 4-bit
-//! values with their fifth bits apart (Q5_0, Q5_1, Q5_K) or 8-bit values
-//! (Q6_K, Q8_0), each with a scale per 32 columns (two for Q6_K's 16-column
+//! load, into 4-bit values (Q4_0, Q4_1, Q4_K), 4-bit values with the bits
+//! above them in planes apart (Q5_0, Q5_1, Q5_K; Q6_K: `high_bits`) or 8-bit
+//! values (Q8_0), each with a scale per 32 columns (two for Q6_K's 16-column
 //! scales) and an offset where the format has one, so that every weight is
 //! `d·q + m` exactly as ggml dequantizes it (`tests`: bit for bit). The
 //! K-quants keep their 6- and 8-bit scales, times their super-block's scale
-//! in the kernel (`Packing::half`). Eight weight rows are interleaved
+//! in the kernel (`Packing::half`), so a packed matrix takes about the bytes
+//! of its GGUF tensor, which a batch-1 step reads whole. Eight weight rows are interleaved
 //! per block — a 32-bit lane of a 256-bit register holds four values of one
 //! row — so a kernel broadcasts four activation values to every lane and one
 //! integer multiply-add serves eight rows. Each block of eight rows is loaded
@@ -41,10 +42,11 @@ pub const LANES: usize = 8;
 pub struct Packing {
     /// 4-bit unsigned values (else 8-bit signed)
     nibbles: bool,
-    /// with `nibbles`, each value's fifth bit in a plane after them (the
-    /// Q5 formats, read as 5-bit unsigned values with an offset): 6 bits a
-    /// value, where 8-bit values would take 8.5
-    fifth: bool,
+    /// with `nibbles`, bits of each value above its nibble, in planes after
+    /// them (`high_bits`): 0; 1 (Q5: 5-bit unsigned values, with an
+    /// offset); or 2 (Q6_K: 6-bit values less 32, signed). A Q5 value then
+    /// takes 6 bits and a Q6_K value 6.6, where a byte would take 8.5
+    high: usize,
     /// scales per row and block: 1, or 2 (one per 16 columns)
     subs: usize,
     /// a per-row, per-block offset: w = d·q + m
@@ -55,8 +57,6 @@ pub struct Packing {
     /// super-block, in a table after the records (`super_bytes`): the
     /// product ggml's dequantization forms, exact in f32
     half: bool,
-    /// 8-bit values are within ±32, so four products pairs add up in 16 bits (AVX2)
-    narrow: bool,
 }
 
 impl Packing {
@@ -85,29 +85,39 @@ impl Packing {
     fn quants_at(self) -> usize {
         self.mins_at() + if self.min { LANES * self.scale_bytes() } else { 0 }
     }
-    /// Where the fifth bits start: for each of the four 32-byte chunks of
-    /// nibbles, a 32-bit word for its low nibbles' bits, then one for its high nibbles'.
-    fn fifths_at(self) -> usize {
+    /// Where the planes of high bits start (`high_bits`).
+    fn planes_at(self) -> usize {
         self.quants_at() + LANES * BLOCK / 2
     }
     /// Bytes of one block of eight rows.
     fn record(self) -> usize {
-        self.quants_at() + if self.nibbles { LANES * BLOCK / 2 + if self.fifth { LANES * BLOCK / 8 } else { 0 } } else { LANES * BLOCK }
+        self.quants_at() + if self.nibbles { LANES * BLOCK / 2 + 32 * self.high } else { LANES * BLOCK }
     }
+}
+
+/// Where the high bits of a value in a block's nibbles are: the nibbles are
+/// eight 32-byte vectors (`nibbles`: chunk j's low nibbles are vector 2j,
+/// its high ones 2j + 1), and byte k of a 32-byte plane holds the high bits
+/// of byte k of 8 / `high` vectors, vector v's at bit (v mod 8/high)·high of
+/// plane v / (8/high). So a kernel gets vector v's high bits in place (bit 4
+/// up) with one shift and one mask, on AVX2 as on AVX-512.
+fn high_bits(high: usize, v: usize) -> (usize, usize) {
+    let per = 8 / high;
+    (32 * (v / per), (v % per) * high)
 }
 
 /// The ggml formats with a packing: type id and how it packs.
 fn packing_of(ty: u32) -> Option<Packing> {
-    let p = |nibbles, fifth, subs, min, half, narrow| Some(Packing { nibbles, fifth, subs, min, half, narrow });
+    let p = |nibbles, high, subs, min, half| Some(Packing { nibbles, high, subs, min, half });
     match ty {
-        2 => p(true, false, 1, true, true, false),    // Q4_0: q - 8 as q with m = -8d
-        3 => p(true, false, 1, true, true, false),    // Q4_1
-        6 => p(true, true, 1, true, true, false),     // Q5_0: q - 16 as q with m = -16d
-        7 => p(true, true, 1, true, true, false),     // Q5_1
-        8 => p(false, false, 1, false, true, false),  // Q8_0
-        12 => p(true, false, 1, true, false, false),  // Q4_K: d·sc and -dmin·m per 32 columns
-        13 => p(true, true, 1, true, false, false),   // Q5_K
-        14 => p(false, false, 2, false, false, true), // Q6_K: d·sc per 16 columns
+        2 => p(true, 0, 1, true, true),    // Q4_0: q - 8 as q with m = -8d
+        3 => p(true, 0, 1, true, true),    // Q4_1
+        6 => p(true, 1, 1, true, true),    // Q5_0: q - 16 as q with m = -16d
+        7 => p(true, 1, 1, true, true),    // Q5_1
+        8 => p(false, 0, 1, false, true),  // Q8_0
+        12 => p(true, 0, 1, true, false),  // Q4_K: d·sc and -dmin·m per 32 columns
+        13 => p(true, 1, 1, true, false),  // Q5_K
+        14 => p(true, 2, 2, false, false), // Q6_K: d·sc per 16 columns
         _ => None,
     }
 }
@@ -545,7 +555,7 @@ fn decode(ty: u32, row: &[u8], b: usize) -> Option<Decoded> {
                 let lo = ql[n * 64 + l + if k % 2 == 1 { 32 } else { 0 }];
                 let lo = if k >= 2 { lo >> 4 } else { lo & 0x0F };
                 let hi = (qh[n * 32 + l] >> (2 * k)) & 3;
-                q[l] = ((lo | hi << 4) as i32 - 32) as i8;
+                q[l] = (lo | hi << 4) as i8; // less 32 where read (`read_quant`, the kernels)
             }
             for (i, s) in scales.iter_mut().enumerate() {
                 *s = sc[n * 8 + 2 * k + i] as u32;
@@ -579,18 +589,20 @@ fn write_lane(p: Packing, rec: &mut [u8], sup: &mut [u8], lane: usize, dec: &Dec
         let at = p.mins_at() + lane * sb;
         rec[at..at + sb].copy_from_slice(&dec.min.to_le_bytes()[..sb]);
     }
-    let (quants, fifths) = (p.quants_at(), p.fifths_at());
+    let quants = p.quants_at();
     if p.nibbles {
         // chunk j (32 bytes), lane's 4 bytes: values 4j..4j+4 in the low nibbles, 16+4j.. in the
-        // high; their fifth bits at bits lane·4.. of chunk j's two words
+        // high; the bits above in the planes
         for j in 0..4 {
             for i in 0..4 {
                 let (lo, hi) = (dec.q[4 * j + i] as u8, dec.q[16 + 4 * j + i] as u8);
-                rec[quants + j * 32 + lane * 4 + i] = lo & 0x0F | hi << 4;
-                if p.fifth {
-                    let bit = lane * 4 + i;
-                    rec[fifths + 8 * j + bit / 8] |= (lo >> 4 & 1) << (bit % 8);
-                    rec[fifths + 8 * j + 4 + bit / 8] |= (hi >> 4 & 1) << (bit % 8);
+                let k = lane * 4 + i;
+                rec[quants + j * 32 + k] = lo & 0x0F | hi << 4;
+                for (v, value) in [(2 * j, lo), (2 * j + 1, hi)] {
+                    if p.high > 0 {
+                        let (plane, shift) = high_bits(p.high, v);
+                        rec[p.planes_at() + plane + k] |= (value >> 4) << shift;
+                    }
                 }
             }
         }
@@ -623,11 +635,16 @@ fn lane_scales(p: Packing, rec: &[u8], sup: &[u8], lane: usize) -> ([f32; 2], f3
 fn read_quant(p: Packing, rec: &[u8], lane: usize, i: usize) -> i32 {
     let qs = &rec[p.quants_at()..];
     if p.nibbles {
-        let (j, k, high) = ((i % 16) / 4, i % 4, i >= 16);
-        let byte = qs[j * 32 + lane * 4 + k];
-        let bit = lane * 4 + k;
-        let fifth = if p.fifth { (rec[p.fifths_at() + 8 * j + 4 * high as usize + bit / 8] >> (bit % 8) & 1) << 4 } else { 0 };
-        (if high { byte >> 4 } else { byte & 0x0F } | fifth) as i32
+        let (j, high) = ((i % 16) / 4, i >= 16);
+        let k = lane * 4 + i % 4;
+        let byte = qs[j * 32 + k];
+        let nibble = if high { byte >> 4 } else { byte & 0x0F } as i32;
+        if p.high == 0 {
+            return nibble;
+        }
+        let (plane, shift) = high_bits(p.high, 2 * j + high as usize);
+        let above = (rec[p.planes_at() + plane + k] >> shift) as i32 & ((1 << p.high) - 1);
+        (nibble | above << 4) - if p.high == 2 { 32 } else { 0 }
     } else {
         qs[(i / 4) * 32 + lane * 4 + i % 4] as i8 as i32
     }
@@ -683,13 +700,13 @@ macro_rules! dispatch_rows {
 
 macro_rules! for_packing {
     ($p:expr, $f:ident, $max:literal) => {
-        match ($p.nibbles, $p.fifth, $p.subs, $p.min, $p.half, $p.narrow) {
-            (true, false, 1, true, true, false) => dispatch_rows!($f, $max, true, false, 1, true, true, false),
-            (true, false, 1, true, false, false) => dispatch_rows!($f, $max, true, false, 1, true, false, false),
-            (true, true, 1, true, true, false) => dispatch_rows!($f, $max, true, true, 1, true, true, false),
-            (true, true, 1, true, false, false) => dispatch_rows!($f, $max, true, true, 1, true, false, false),
-            (false, false, 1, false, true, false) => dispatch_rows!($f, $max, false, false, 1, false, true, false),
-            (false, false, 2, false, false, true) => dispatch_rows!($f, $max, false, false, 2, false, false, true),
+        match ($p.nibbles, $p.high, $p.subs, $p.min, $p.half) {
+            (true, 0, 1, true, true) => dispatch_rows!($f, $max, true, 0, 1, true, true),
+            (true, 0, 1, true, false) => dispatch_rows!($f, $max, true, 0, 1, true, false),
+            (true, 1, 1, true, true) => dispatch_rows!($f, $max, true, 1, 1, true, true),
+            (true, 1, 1, true, false) => dispatch_rows!($f, $max, true, 1, 1, true, false),
+            (true, 2, 2, false, false) => dispatch_rows!($f, $max, true, 2, 2, false, false),
+            (false, 0, 1, false, true) => dispatch_rows!($f, $max, false, 0, 1, false, true),
             other => unreachable!("no kernel for packing {other:?}"),
         }
     };
@@ -706,10 +723,10 @@ fn kernel_for(p: Packing, isa: Isa) -> Kernel {
 }
 
 /// The kernels' arithmetic, one lane at a time: the reference the SIMD kernels equal bit for bit.
-unsafe fn scalar_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+unsafe fn scalar_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
+    let p = Packing { nibbles: NIB, high: HIGH, subs: SUBS, min: MIN, half: HALF };
     let mut acc = [[0f32; LANES]; R];
     for b in 0..t.blocks {
         let rec = std::slice::from_raw_parts(t.rec.add(b * t.record), t.record);
@@ -798,83 +815,96 @@ unsafe fn nibbles(qs: *const u8, j: usize) -> (__m256i, __m256i) {
     (_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))
 }
 
-/// 16 in each byte whose bit is set in `bits` (byte i: bit i), else 0.
+/// Vector v's high bits (`high_bits`), in place above its nibbles.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn fifth_bits_avx2(bits: u32) -> __m256i {
-    // byte i takes byte i / 8 of the word, then its own bit of it
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
-        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
-    );
-    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(16))
+unsafe fn above<const HIGH: usize>(planes: *const u8, v: usize) -> __m256i {
+    let (plane, shift) = high_bits(HIGH, v);
+    let x = _mm256_loadu_si256(planes.add(plane) as *const __m256i);
+    // 16-bit shifts: the bits a byte takes from its neighbour fall outside the mask
+    let moved = if shift <= 4 {
+        _mm256_sll_epi16(x, _mm_cvtsi32_si128(4 - shift as i32))
+    } else {
+        _mm256_srl_epi16(x, _mm_cvtsi32_si128(shift as i32 - 4))
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8((((1 << HIGH) - 1) << 4) as i8))
+}
+
+/// Chunk j's two vectors of values (`nibbles`), their high bits added; Q6_K's less 32.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn values<const HIGH: usize>(rec: *const u8, p: Packing, j: usize) -> [__m256i; 2] {
+    let (lo, hi) = nibbles(rec.add(p.quants_at()), j);
+    if HIGH == 0 {
+        return [lo, hi];
+    }
+    let planes = rec.add(p.planes_at());
+    let (lo, hi) = (_mm256_or_si256(lo, above::<HIGH>(planes, 2 * j)), _mm256_or_si256(hi, above::<HIGH>(planes, 2 * j + 1)));
+    if HIGH == 2 {
+        let k = _mm256_set1_epi8(32);
+        return [_mm256_sub_epi8(lo, k), _mm256_sub_epi8(hi, k)];
+    }
+    [lo, hi]
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+unsafe fn avx2_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
-    let qat = p.quants_at();
+    let p = Packing { nibbles: NIB, high: HIGH, subs: SUBS, min: MIN, half: HALF };
     let ones = _mm256_set1_epi16(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..t.blocks {
         let rec = t.rec.add(b * t.record);
-        let qs = rec.add(qat);
         let mut isum = [[zero; 2]; R];
-        if NIB {
-            // 16-bit sums of 16 products each: |15 · 127| · 16 < 2^15 (with fifth bits,
-            // of 8: |31 · 127| · 8 < 2^15)
-            let mut p16 = [zero; R];
-            for j in 0..4 {
-                let (mut lo, mut hi) = nibbles(qs, j);
-                if FIFTH {
-                    let words = rec.add(p.fifths_at() + 8 * j) as *const u32;
-                    lo = _mm256_or_si256(lo, fifth_bits_avx2(words.read_unaligned()));
-                    hi = _mm256_or_si256(hi, fifth_bits_avx2(words.add(1).read_unaligned()));
+        // 16-bit sums, widened before they can overflow: 16 products of |15 · 127| (4-bit
+        // values), 8 of |31 · 127| (5-bit), 8 of |32 · 127| (Q6_K's, per sub-block)
+        let mut p16 = [[zero; 2]; R];
+        let widen = |p16: &mut [[__m256i; 2]; R], isum: &mut [[__m256i; 2]; R]| {
+            for r in 0..R {
+                for s in 0..SUBS {
+                    isum[r][s] = _mm256_add_epi32(isum[r][s], _mm256_madd_epi16(p16[r][s], ones));
+                    p16[r][s] = zero;
                 }
+            }
+        };
+        if NIB && HIGH == 2 {
+            // signed values: |w| times a with w's sign; sub-block 0 is the low nibbles' values
+            for j in 0..4 {
+                for (s, w) in values::<HIGH>(rec, p, j).into_iter().enumerate() {
+                    let wa = _mm256_abs_epi8(w);
+                    for r in 0..R {
+                        let a = broadcast4(t.q[r].add(b * BLOCK + 16 * s + 4 * j));
+                        p16[r][s] = _mm256_add_epi16(p16[r][s], _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)));
+                    }
+                }
+            }
+            widen(&mut p16, &mut isum);
+        } else if NIB {
+            for j in 0..4 {
+                let [lo, hi] = values::<HIGH>(rec, p, j);
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     let x = _mm256_maddubs_epi16(lo, broadcast4(a.add(4 * j)));
                     let y = _mm256_maddubs_epi16(hi, broadcast4(a.add(16 + 4 * j)));
-                    p16[r] = _mm256_add_epi16(p16[r], _mm256_add_epi16(x, y));
+                    p16[r][0] = _mm256_add_epi16(p16[r][0], _mm256_add_epi16(x, y));
                 }
-                if FIFTH && j % 2 == 1 {
-                    for r in 0..R {
-                        isum[r][0] = _mm256_add_epi32(isum[r][0], _mm256_madd_epi16(p16[r], ones));
-                        p16[r] = zero;
-                    }
+                if HIGH == 1 && j == 1 {
+                    widen(&mut p16, &mut isum);
                 }
             }
-            if !FIFTH {
-                for r in 0..R {
-                    isum[r][0] = _mm256_madd_epi16(p16[r], ones);
-                }
-            }
+            widen(&mut p16, &mut isum);
         } else {
-            let mut p16 = [zero; R];
+            let qs = rec.add(p.quants_at());
             for g in 0..8 {
                 let w = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
                 let wa = _mm256_abs_epi8(w);
-                let s = if SUBS == 2 { g / 4 } else { 0 };
                 for r in 0..R {
                     let a = broadcast4(t.q[r].add(b * BLOCK + 4 * g));
                     let prod = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w));
-                    if NARROW {
-                        // four groups of values within ±32: 4 · 2 · 32 · 127 < 2^15
-                        p16[r] = _mm256_add_epi16(p16[r], prod);
-                    } else {
-                        isum[r][s] = _mm256_add_epi32(isum[r][s], _mm256_madd_epi16(prod, ones));
-                    }
-                }
-                if NARROW && g % 4 == 3 {
-                    for r in 0..R {
-                        isum[r][s] = _mm256_add_epi32(isum[r][s], _mm256_madd_epi16(p16[r], ones));
-                        p16[r] = zero;
-                    }
+                    isum[r][0] = _mm256_add_epi32(isum[r][0], _mm256_madd_epi16(prod, ones));
                 }
             }
         }
@@ -889,28 +919,36 @@ unsafe fn avx2_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const MIN: bool, const HALF: bool, const NARROW: bool, const R: usize>(
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn vnni_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, fifth: FIFTH, subs: SUBS, min: MIN, half: HALF, narrow: NARROW };
-    let qat = p.quants_at();
+    let p = Packing { nibbles: NIB, high: HIGH, subs: SUBS, min: MIN, half: HALF };
     let ones8 = _mm256_set1_epi8(1);
     let zero = _mm256_setzero_si256();
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..t.blocks {
         let rec = t.rec.add(b * t.record);
-        let qs = rec.add(qat);
         let mut isum = [[zero; 2]; R];
-        if NIB {
+        // signed values: (a + 128) · w summed, less 128 · Σw (the activations as the unsigned operand)
+        let mut wsum = [zero; 2];
+        let signed = |w: __m256i, s: usize, at: usize, wsum: &mut [__m256i; 2], isum: &mut [[__m256i; 2]; R]| {
+            wsum[s] = _mm256_dpbusd_epi32(wsum[s], ones8, w);
+            for r in 0..R {
+                let a = broadcast4(t.u[r].add(b * BLOCK + at) as *const i8);
+                isum[r][s] = _mm256_dpbusd_epi32(isum[r][s], a, w);
+            }
+        };
+        if NIB && HIGH == 2 {
+            // sub-block 0 is the low nibbles' values
             for j in 0..4 {
-                let (mut lo, mut hi) = nibbles(qs, j);
-                if FIFTH {
-                    // 16 added to the bytes whose fifth bit is set
-                    let (words, sixteen) = (rec.add(p.fifths_at() + 8 * j) as *const u32, _mm256_set1_epi8(16));
-                    lo = _mm256_mask_add_epi8(lo, words.read_unaligned(), lo, sixteen);
-                    hi = _mm256_mask_add_epi8(hi, words.add(1).read_unaligned(), hi, sixteen);
+                for (s, w) in values::<HIGH>(rec, p, j).into_iter().enumerate() {
+                    signed(w, s, 16 * s + 4 * j, &mut wsum, &mut isum);
                 }
+            }
+        } else if NIB {
+            for j in 0..4 {
+                let [lo, hi] = values::<HIGH>(rec, p, j);
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
                     isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], lo, broadcast4(a.add(4 * j)));
@@ -918,17 +956,12 @@ unsafe fn vnni_tile<const NIB: bool, const FIFTH: bool, const SUBS: usize, const
                 }
             }
         } else {
-            // (a + 128) · w summed, less 128 · Σw: the activations as the unsigned operand
-            let mut wsum = [zero; 2];
+            let qs = rec.add(p.quants_at());
             for g in 0..8 {
-                let w = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
-                let s = if SUBS == 2 { g / 4 } else { 0 };
-                wsum[s] = _mm256_dpbusd_epi32(wsum[s], ones8, w);
-                for r in 0..R {
-                    let a = broadcast4(t.u[r].add(b * BLOCK + 4 * g) as *const i8);
-                    isum[r][s] = _mm256_dpbusd_epi32(isum[r][s], a, w);
-                }
+                signed(_mm256_loadu_si256(qs.add(32 * g) as *const __m256i), 0, 4 * g, &mut wsum, &mut isum);
             }
+        }
+        if !NIB || HIGH == 2 {
             for r in 0..R {
                 for s in 0..SUBS {
                     isum[r][s] = _mm256_sub_epi32(isum[r][s], _mm256_slli_epi32(wsum[s], 7));

@@ -47,14 +47,11 @@ pub fn isa() -> Isa {
     })
 }
 
-/// Whether the CPU has what the VNNI kernels use: AVX-512 F, BW, VL and VNNI.
+/// Whether the CPU has what the VNNI kernels use: AVX-512 F, VL and VNNI.
 pub fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512f")
+        is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
