@@ -51,7 +51,7 @@ impl Activations {
         self.cols = cols;
         self.precise = precise;
         self.q.resize(rows * cols, 0);
-        let unsigned = isa() == Isa::Vnni;
+        let unsigned = isa().unsigned_activations();
         self.u.resize(if unsigned { rows * cols } else { 0 }, 0);
         self.d.resize(rows * blocks, 0.0);
         self.s.resize(rows * blocks, 0.0);

@@ -10,7 +10,10 @@ use std::arch::x86_64::*;
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX-512 VNNI on 256-bit vectors: eight weight rows at a time
     Vnni,
+    /// AVX-512 VNNI on 512-bit vectors where two groups of eight rows are whole
+    Vnni512,
 }
 
 impl Isa {
@@ -19,12 +22,19 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Vnni => "avx512_vnni",
+            Isa::Vnni512 => "avx512_vnni_512",
         }
+    }
+
+    /// Whether the activations' `q + 128` copy is used (the VNNI kernels' unsigned operand).
+    pub fn unsigned_activations(self) -> bool {
+        matches!(self, Isa::Vnni | Isa::Vnni512)
     }
 }
 
-/// The ISA the packed kernels run with: AVX-512 VNNI where the CPU has it,
-/// else AVX2 (`GUIDED_PACKED_ISA=avx2` forces AVX2 on a VNNI CPU), else the scalar reference.
+/// The ISA the packed kernels run with: AVX-512 VNNI on 512-bit vectors
+/// where the CPU has it (and BW), else AVX2, else the scalar reference.
+/// `GUIDED_PACKED_ISA=avx2` or `avx512_vnni` (256-bit vectors) picks a lesser one.
 pub fn isa() -> Isa {
     use std::sync::OnceLock;
     static ISA: OnceLock<Isa> = OnceLock::new();
@@ -33,8 +43,12 @@ pub fn isa() -> Isa {
         {
             let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
             let vnni = avx2 && has_vnni();
-            if std::env::var("GUIDED_PACKED_ISA").as_deref() == Ok("avx2") && avx2 {
+            let asked = std::env::var("GUIDED_PACKED_ISA");
+            if asked.as_deref() == Ok("avx2") && avx2 {
                 return Isa::Avx2;
+            }
+            if vnni && asked.as_deref() != Ok("avx512_vnni") && has_vnni512() {
+                return Isa::Vnni512;
             }
             if vnni {
                 return Isa::Vnni;
@@ -52,6 +66,18 @@ pub fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") && is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the CPU has what the 512-bit VNNI kernels use besides `has_vnni`: AVX-512 BW.
+pub fn has_vnni512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_vnni() && is_x86_feature_detected!("avx512bw")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
