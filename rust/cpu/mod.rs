@@ -9,6 +9,8 @@ pub mod gated_conv;
 pub mod layer_ops;
 pub mod native_step;
 pub mod packed;
+mod packed_kernels;
+mod packed_layout;
 pub mod quant;
 pub mod simd;
 pub mod step_profile;
