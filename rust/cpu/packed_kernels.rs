@@ -114,97 +114,284 @@ unsafe fn scalar_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, con
     }
 }
 
-/// Eight lanes' scales (or offsets) at `at`: f16s, or 8-bit integers times the super-block's `base`.
+/// The integer vectors the SIMD kernels work on, and their float vectors: one
+/// group's 32-byte vectors (`__m256i`), or two groups' side by side (`__m512i`:
+/// the tile's group in the low half, the next one's, `next` bytes on in the
+/// records, in the high half). Each output lane goes through the same
+/// operations either way, so both give the same bits.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn load_scales<const HALF: bool>(at: *const u8, base: *const u8) -> __m256 {
-    if HALF {
+trait Lanes: Copy {
+    type F: Copy;
+    /// 32 bytes a group: at `at` (and `at + next`).
+    unsafe fn load(at: *const u8, next: usize) -> Self;
+    /// Eight f32s, f16s widened, or i8s as f32s, a group.
+    unsafe fn load_f32(at: *const u8, next: usize) -> Self::F;
+    unsafe fn load_f16(at: *const u8, next: usize) -> Self::F;
+    unsafe fn load_i8(at: *const u8, next: usize) -> Self::F;
+    unsafe fn splat8(x: i8) -> Self;
+    /// Four bytes at `at` in every 32-bit lane.
+    unsafe fn broadcast4(at: *const u8) -> Self;
+    unsafe fn and(a: Self, b: Self) -> Self;
+    unsafe fn or(a: Self, b: Self) -> Self;
+    unsafe fn sub8(a: Self, b: Self) -> Self;
+    /// Every bit `n` places up (down where `n` < 0), in 16- or 32-bit units: the bits a byte
+    /// takes from its neighbour are the ones callers mask away.
+    unsafe fn shift(x: Self, n: i32) -> Self;
+    /// VNNI: acc plus the four u8 · i8 products of each 32-bit lane.
+    unsafe fn dpbusd(acc: Self, a: Self, b: Self) -> Self;
+    /// a - 128 · b, in 32-bit lanes.
+    unsafe fn less_128_times(a: Self, b: Self) -> Self;
+    unsafe fn zero() -> Self;
+    unsafe fn fzero() -> Self::F;
+    unsafe fn fsplat(x: f32) -> Self::F;
+    unsafe fn fmul(a: Self::F, b: Self::F) -> Self::F;
+    /// a · b + c, fused.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn to_f32(x: Self) -> Self::F;
+    unsafe fn store(at: *mut f32, x: Self::F);
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for __m256i {
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn load(at: *const u8, _: usize) -> Self {
+        _mm256_loadu_si256(at as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn load_f32(at: *const u8, _: usize) -> __m256 {
+        _mm256_loadu_ps(at as *const f32)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(at: *const u8, _: usize) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
-    } else {
-        let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i));
-        _mm256_mul_ps(_mm256_loadu_ps(base as *const f32), _mm256_cvtepi32_ps(ints))
+    }
+    #[inline(always)]
+    unsafe fn load_i8(at: *const u8, _: usize) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i)))
+    }
+    #[inline(always)]
+    unsafe fn splat8(x: i8) -> Self {
+        _mm256_set1_epi8(x)
+    }
+    #[inline(always)]
+    unsafe fn broadcast4(at: *const u8) -> Self {
+        _mm256_set1_epi32((at as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn and(a: Self, b: Self) -> Self {
+        _mm256_and_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        _mm256_or_si256(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub8(a: Self, b: Self) -> Self {
+        _mm256_sub_epi8(a, b)
+    }
+    #[inline(always)]
+    unsafe fn shift(x: Self, n: i32) -> Self {
+        if n >= 0 {
+            _mm256_sll_epi16(x, _mm_cvtsi32_si128(n))
+        } else {
+            _mm256_srl_epi16(x, _mm_cvtsi32_si128(-n))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: Self, a: Self, b: Self) -> Self {
+        _mm256_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn less_128_times(a: Self, b: Self) -> Self {
+        _mm256_sub_epi32(a, _mm256_slli_epi32(b, 7))
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn fsplat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn to_f32(x: Self) -> __m256 {
+        _mm256_cvtepi32_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn store(at: *mut f32, x: __m256) {
+        _mm256_storeu_ps(at, x)
     }
 }
 
-/// A block's scales for its eight lanes (one per sub-block) and their offsets.
+#[cfg(target_arch = "x86_64")]
+impl Lanes for __m512i {
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn load(at: *const u8, next: usize) -> Self {
+        let first = _mm512_castsi256_si512(_mm256_loadu_si256(at as *const __m256i));
+        _mm512_inserti64x4::<1>(first, _mm256_loadu_si256(at.add(next) as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn load_f32(at: *const u8, next: usize) -> __m512 {
+        _mm512_castsi512_ps(Self::load(at, next))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(at: *const u8, next: usize) -> __m512 {
+        let halves = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(at as *const __m128i)),
+            _mm_loadu_si128(at.add(next) as *const __m128i),
+        );
+        _mm512_cvtph_ps(halves)
+    }
+    #[inline(always)]
+    unsafe fn load_i8(at: *const u8, next: usize) -> __m512 {
+        let both = _mm_unpacklo_epi64(_mm_loadl_epi64(at as *const __m128i), _mm_loadl_epi64(at.add(next) as *const __m128i));
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both))
+    }
+    #[inline(always)]
+    unsafe fn splat8(x: i8) -> Self {
+        _mm512_set1_epi8(x)
+    }
+    #[inline(always)]
+    unsafe fn broadcast4(at: *const u8) -> Self {
+        _mm512_set1_epi32((at as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn and(a: Self, b: Self) -> Self {
+        _mm512_and_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        _mm512_or_si512(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub8(a: Self, b: Self) -> Self {
+        _mm512_sub_epi8(a, b)
+    }
+    #[inline(always)]
+    unsafe fn shift(x: Self, n: i32) -> Self {
+        if n >= 0 {
+            _mm512_sll_epi32(x, _mm_cvtsi32_si128(n))
+        } else {
+            _mm512_srl_epi32(x, _mm_cvtsi32_si128(-n))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dpbusd(acc: Self, a: Self, b: Self) -> Self {
+        _mm512_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn less_128_times(a: Self, b: Self) -> Self {
+        _mm512_sub_epi32(a, _mm512_slli_epi32::<7>(b))
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn fsplat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn to_f32(x: Self) -> __m512 {
+        _mm512_cvtepi32_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn store(at: *mut f32, x: __m512) {
+        _mm512_storeu_ps(at, x)
+    }
+}
+
+/// A block's scales for its lanes (one per sub-block) and their offsets: f16s, or
+/// (K-quants) 8-bit integers times the lane's super-block scale.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn block_scales<const SUBS: usize, const MIN: bool, const HALF: bool>(t: &Tile, b: usize, p: Packing) -> ([__m256; 2], __m256) {
+unsafe fn block_scales<V: Lanes, const SUBS: usize, const MIN: bool, const HALF: bool>(t: &Tile, b: usize, p: Packing) -> ([V::F; 2], V::F) {
     let (rec, sup) = (t.rec.add(b * t.record), t.sup.add(b / 8 * t.super_bytes));
-    let mut dw = [_mm256_setzero_ps(); 2];
+    let (next, next_sup) = (t.blocks * t.record, t.blocks.div_ceil(8) * t.super_bytes);
+    let load = |at: *const u8, base: *const u8| {
+        if HALF {
+            V::load_f16(at, next)
+        } else {
+            V::fmul(V::load_f32(base, next_sup), V::load_i8(at, next))
+        }
+    };
+    let mut dw = [V::fzero(); 2];
     for (s, d) in dw.iter_mut().enumerate().take(SUBS) {
-        *d = load_scales::<HALF>(rec.add(s * LANES * p.scale_bytes()), sup);
+        *d = load(rec.add(s * LANES * p.scale_bytes()), sup);
     }
-    let m = if MIN { load_scales::<HALF>(rec.add(p.mins_at()), sup.add(4 * LANES)) } else { _mm256_setzero_ps() };
+    let m = if MIN { load(rec.add(p.mins_at()), sup.add(4 * LANES)) } else { V::fzero() };
     (dw, m)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn broadcast4(at: *const i8) -> __m256i {
-    _mm256_set1_epi32((at as *const i32).read_unaligned())
 }
 
 /// The float part of a block, the same in every kernel: for each sub-block,
 /// acc += (d_w · d_a) · isum, then acc += m_w · s_a.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn scale_block<const SUBS: usize, const MIN: bool>(
-    (dw, m): ([__m256; 2], __m256),
-    isum: &[__m256i; 2],
+unsafe fn accumulate<V: Lanes, const SUBS: usize, const MIN: bool>(
+    (dw, m): ([V::F; 2], V::F),
+    isum: &[V; 2],
     da: f32,
     sa: f32,
-    acc: __m256,
-) -> __m256 {
+    acc: V::F,
+) -> V::F {
     let mut acc = acc;
-    let da = _mm256_set1_ps(da);
+    let da = V::fsplat(da);
     for (s, sum) in isum.iter().enumerate().take(SUBS) {
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(dw[s], da), _mm256_cvtepi32_ps(*sum), acc);
+        acc = V::fmadd(V::fmul(dw[s], da), V::to_f32(*sum), acc);
     }
     if MIN {
-        acc = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc);
+        acc = V::fmadd(m, V::fsplat(sa), acc);
     }
     acc
 }
 
-/// Chunk `j` of a block's 4-bit values: its low nibbles (values 4j..4j+4 of
-/// each lane's row) and its high ones (values 16+4j..).
+/// Chunk `j` of a block's values: its low nibbles (values 4j..4j+4 of each
+/// lane's row) and its high ones (values 16+4j..), each with its high bits
+/// (`high_bits`, in place above the nibble); Q6_K's less 32.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn nibbles(qs: *const u8, j: usize) -> (__m256i, __m256i) {
-    let low = _mm256_set1_epi8(0x0F);
-    let raw = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-    (_mm256_and_si256(raw, low), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low))
-}
-
-/// Vector v's high bits (`high_bits`), in place above its nibbles.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn above<const HIGH: usize>(planes: *const u8, v: usize) -> __m256i {
-    let (plane, shift) = high_bits(HIGH, v);
-    let x = _mm256_loadu_si256(planes.add(plane) as *const __m256i);
-    // 16-bit shifts: the bits a byte takes from its neighbour fall outside the mask
-    let moved = if shift <= 4 {
-        _mm256_sll_epi16(x, _mm_cvtsi32_si128(4 - shift as i32))
-    } else {
-        _mm256_srl_epi16(x, _mm_cvtsi32_si128(shift as i32 - 4))
-    };
-    _mm256_and_si256(moved, _mm256_set1_epi8((((1 << HIGH) - 1) << 4) as i8))
-}
-
-/// Chunk j's two vectors of values (`nibbles`), their high bits added; Q6_K's less 32.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn values<const HIGH: usize>(rec: *const u8, p: Packing, j: usize) -> [__m256i; 2] {
-    let (lo, hi) = nibbles(rec.add(p.quants_at()), j);
+unsafe fn values<V: Lanes, const HIGH: usize>(rec: *const u8, next: usize, p: Packing, j: usize) -> [V; 2] {
+    let low = V::splat8(0x0F);
+    let raw = V::load(rec.add(p.quants_at() + 32 * j), next);
+    let (lo, hi) = (V::and(raw, low), V::and(V::shift(raw, -4), low));
     if HIGH == 0 {
         return [lo, hi];
     }
-    let planes = rec.add(p.planes_at());
-    let (lo, hi) = (_mm256_or_si256(lo, above::<HIGH>(planes, 2 * j)), _mm256_or_si256(hi, above::<HIGH>(planes, 2 * j + 1)));
+    let above = |v: usize| {
+        let (plane, shift) = high_bits(HIGH, v);
+        let x = V::load(rec.add(p.planes_at() + plane), next);
+        V::and(V::shift(x, 4 - shift as i32), V::splat8((((1 << HIGH) - 1) << 4) as i8))
+    };
+    let (lo, hi) = (V::or(lo, above(2 * j)), V::or(hi, above(2 * j + 1)));
     if HIGH == 2 {
-        let k = _mm256_set1_epi8(32);
-        return [_mm256_sub_epi8(lo, k), _mm256_sub_epi8(hi, k)];
+        let k = V::splat8(32);
+        return [V::sub8(lo, k), V::sub8(hi, k)];
     }
     [lo, hi]
 }
@@ -235,10 +422,10 @@ unsafe fn avx2_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const
         if NIB && HIGH == 2 {
             // signed values: |w| times a with w's sign; sub-block 0 is the low nibbles' values
             for j in 0..4 {
-                for (s, w) in values::<HIGH>(rec, p, j).into_iter().enumerate() {
+                for (s, w) in values::<__m256i, HIGH>(rec, 0, p, j).into_iter().enumerate() {
                     let wa = _mm256_abs_epi8(w);
                     for r in 0..R {
-                        let a = broadcast4(t.q[r].add(b * BLOCK + 16 * s + 4 * j));
+                        let a = __m256i::broadcast4(t.q[r].add(b * BLOCK + 16 * s + 4 * j) as *const u8);
                         p16[r][s] = _mm256_add_epi16(p16[r][s], _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w)));
                     }
                 }
@@ -246,11 +433,11 @@ unsafe fn avx2_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const
             widen(&mut p16, &mut isum);
         } else if NIB {
             for j in 0..4 {
-                let [lo, hi] = values::<HIGH>(rec, p, j);
+                let [lo, hi] = values::<__m256i, HIGH>(rec, 0, p, j);
                 for r in 0..R {
                     let a = t.q[r].add(b * BLOCK);
-                    let x = _mm256_maddubs_epi16(lo, broadcast4(a.add(4 * j)));
-                    let y = _mm256_maddubs_epi16(hi, broadcast4(a.add(16 + 4 * j)));
+                    let x = _mm256_maddubs_epi16(lo, __m256i::broadcast4(a.add(4 * j) as *const u8));
+                    let y = _mm256_maddubs_epi16(hi, __m256i::broadcast4(a.add(16 + 4 * j) as *const u8));
                     p16[r][0] = _mm256_add_epi16(p16[r][0], _mm256_add_epi16(x, y));
                 }
                 if HIGH == 1 && j == 1 {
@@ -264,15 +451,15 @@ unsafe fn avx2_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const
                 let w = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
                 let wa = _mm256_abs_epi8(w);
                 for r in 0..R {
-                    let a = broadcast4(t.q[r].add(b * BLOCK + 4 * g));
+                    let a = __m256i::broadcast4(t.q[r].add(b * BLOCK + 4 * g) as *const u8);
                     let prod = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w));
                     isum[r][0] = _mm256_add_epi32(isum[r][0], _mm256_madd_epi16(prod, ones));
                 }
             }
         }
-        let scales = block_scales::<SUBS, MIN, HALF>(t, b, p);
+        let scales = block_scales::<__m256i, SUBS, MIN, HALF>(t, b, p);
         for r in 0..R {
-            acc[r] = scale_block::<SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+            acc[r] = accumulate::<__m256i, SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
         }
     }
     for r in 0..R {
@@ -280,196 +467,80 @@ unsafe fn avx2_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const
     }
 }
 
+/// The VNNI kernel, on one group's 256-bit vectors or two groups' 512-bit ones (`Lanes`).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn vnni_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
+#[inline(always)]
+unsafe fn vnni_body<V: Lanes, const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
     t: &Tile,
 ) {
     let p = Packing { nibbles: NIB, high: HIGH, subs: SUBS, min: MIN, half: HALF };
-    let ones8 = _mm256_set1_epi8(1);
-    let zero = _mm256_setzero_si256();
-    let mut acc = [_mm256_setzero_ps(); R];
+    let next = t.blocks * t.record;
+    let (ones8, zero) = (V::splat8(1), V::zero());
+    let mut acc = [V::fzero(); R];
     for b in 0..t.blocks {
         let rec = t.rec.add(b * t.record);
         let mut isum = [[zero; 2]; R];
         // signed values: (a + 128) · w summed, less 128 · Σw (the activations as the unsigned operand)
         let mut wsum = [zero; 2];
-        let signed = |w: __m256i, s: usize, at: usize, wsum: &mut [__m256i; 2], isum: &mut [[__m256i; 2]; R]| {
-            wsum[s] = _mm256_dpbusd_epi32(wsum[s], ones8, w);
+        let signed = |w: V, s: usize, at: usize, wsum: &mut [V; 2], isum: &mut [[V; 2]; R]| {
+            wsum[s] = V::dpbusd(wsum[s], ones8, w);
             for r in 0..R {
-                let a = broadcast4(t.u[r].add(b * BLOCK + at) as *const i8);
-                isum[r][s] = _mm256_dpbusd_epi32(isum[r][s], a, w);
+                isum[r][s] = V::dpbusd(isum[r][s], V::broadcast4(t.u[r].add(b * BLOCK + at)), w);
             }
         };
         if NIB && HIGH == 2 {
             // sub-block 0 is the low nibbles' values
             for j in 0..4 {
-                for (s, w) in values::<HIGH>(rec, p, j).into_iter().enumerate() {
+                for (s, w) in values::<V, HIGH>(rec, next, p, j).into_iter().enumerate() {
                     signed(w, s, 16 * s + 4 * j, &mut wsum, &mut isum);
                 }
             }
         } else if NIB {
             for j in 0..4 {
-                let [lo, hi] = values::<HIGH>(rec, p, j);
+                let [lo, hi] = values::<V, HIGH>(rec, next, p, j);
                 for r in 0..R {
-                    let a = t.q[r].add(b * BLOCK);
-                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], lo, broadcast4(a.add(4 * j)));
-                    isum[r][0] = _mm256_dpbusd_epi32(isum[r][0], hi, broadcast4(a.add(16 + 4 * j)));
+                    let a = t.q[r].add(b * BLOCK) as *const u8;
+                    isum[r][0] = V::dpbusd(isum[r][0], lo, V::broadcast4(a.add(4 * j)));
+                    isum[r][0] = V::dpbusd(isum[r][0], hi, V::broadcast4(a.add(16 + 4 * j)));
                 }
             }
         } else {
             let qs = rec.add(p.quants_at());
             for g in 0..8 {
-                signed(_mm256_loadu_si256(qs.add(32 * g) as *const __m256i), 0, 4 * g, &mut wsum, &mut isum);
+                signed(V::load(qs.add(32 * g), next), 0, 4 * g, &mut wsum, &mut isum);
             }
         }
         if !NIB || HIGH == 2 {
             for r in 0..R {
                 for s in 0..SUBS {
-                    isum[r][s] = _mm256_sub_epi32(isum[r][s], _mm256_slli_epi32(wsum[s], 7));
+                    isum[r][s] = V::less_128_times(isum[r][s], wsum[s]);
                 }
             }
         }
-        let scales = block_scales::<SUBS, MIN, HALF>(t, b, p);
+        let scales = block_scales::<V, SUBS, MIN, HALF>(t, b, p);
         for r in 0..R {
-            acc[r] = scale_block::<SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
+            acc[r] = accumulate::<V, SUBS, MIN>(scales, &isum[r], *t.d[r].add(b), *t.s[r].add(b), acc[r]);
         }
     }
     for r in 0..R {
-        _mm256_storeu_ps(t.out[r], acc[r]);
+        V::store(t.out[r], acc[r]);
     }
 }
 
-/// A 32-byte vector at `at` of one group, and at `at + next` of the next group, as one.
+/// AVX-512 VNNI on 256-bit vectors: the tile's group.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn both(at: *const u8, next: usize) -> __m512i {
-    let first = _mm512_castsi256_si512(_mm256_loadu_si256(at as *const __m256i));
-    _mm512_inserti64x4::<1>(first, _mm256_loadu_si256(at.add(next) as *const __m256i))
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn vnni_tile<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
+    t: &Tile,
+) {
+    vnni_body::<__m256i, NIB, HIGH, SUBS, MIN, HALF, R>(t)
 }
 
-/// `values` of two groups' blocks, each group's in its own half.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn values512<const HIGH: usize>(rec: *const u8, next: usize, p: Packing, j: usize) -> [__m512i; 2] {
-    let low = _mm512_set1_epi8(0x0F);
-    let raw = both(rec.add(p.quants_at() + 32 * j), next);
-    let (lo, hi) = (_mm512_and_si512(raw, low), _mm512_and_si512(_mm512_srli_epi32::<4>(raw), low));
-    if HIGH == 0 {
-        return [lo, hi];
-    }
-    let above = |v: usize| {
-        let (plane, shift) = high_bits(HIGH, v);
-        let x = both(rec.add(p.planes_at() + plane), next);
-        // as `above`: the bits a byte takes from its neighbour fall outside the mask
-        let moved = if shift <= 4 {
-            _mm512_sll_epi32(x, _mm_cvtsi32_si128(4 - shift as i32))
-        } else {
-            _mm512_srl_epi32(x, _mm_cvtsi32_si128(shift as i32 - 4))
-        };
-        _mm512_and_si512(moved, _mm512_set1_epi8((((1 << HIGH) - 1) << 4) as i8))
-    };
-    let (lo, hi) = (_mm512_or_si512(lo, above(2 * j)), _mm512_or_si512(hi, above(2 * j + 1)));
-    if HIGH == 2 {
-        let k = _mm512_set1_epi8(32);
-        return [_mm512_sub_epi8(lo, k), _mm512_sub_epi8(hi, k)];
-    }
-    [lo, hi]
-}
-
-/// `block_scales` of two groups' blocks, each group's in its own half.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn block_scales512<const SUBS: usize, const MIN: bool, const HALF: bool>(t: &Tile, b: usize, p: Packing) -> ([__m512; 2], __m512) {
-    let (rec, sup) = (t.rec.add(b * t.record), t.sup.add(b / 8 * t.super_bytes));
-    let (next, next_sup) = (t.blocks * t.record, t.blocks.div_ceil(8) * t.super_bytes);
-    let load = |at: *const u8, base: *const u8| -> __m512 {
-        let pair = |x: *const u8| _mm_unpacklo_epi64(_mm_loadl_epi64(x as *const __m128i), _mm_loadl_epi64(x.add(next) as *const __m128i));
-        if HALF {
-            let halves = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(at as *const __m128i)),
-                                                       _mm_loadu_si128(at.add(next) as *const __m128i));
-            _mm512_cvtph_ps(halves)
-        } else {
-            let ints = _mm512_cvtepi8_epi32(pair(at));
-            let bases = _mm512_castsi512_ps(_mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_loadu_si256(base as *const __m256i)),
-                _mm256_loadu_si256(base.add(next_sup) as *const __m256i),
-            ));
-            _mm512_mul_ps(bases, _mm512_cvtepi32_ps(ints))
-        }
-    };
-    let mut dw = [_mm512_setzero_ps(); 2];
-    for (s, d) in dw.iter_mut().enumerate().take(SUBS) {
-        *d = load(rec.add(s * LANES * p.scale_bytes()), sup);
-    }
-    let m = if MIN { load(rec.add(p.mins_at()), sup.add(4 * LANES)) } else { _mm512_setzero_ps() };
-    (dw, m)
-}
-
-/// `vnni_tile` for the tile's group and the next, on 512-bit vectors: each
-/// output lane is computed by the same operations in the same order as in
-/// `vnni_tile` (the same bits), sixteen rows at once.
+/// AVX-512 VNNI on 512-bit vectors: the tile's group and the next, sixteen weight rows at once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn vnni512_pair<const NIB: bool, const HIGH: usize, const SUBS: usize, const MIN: bool, const HALF: bool, const R: usize>(
     t: &Tile,
 ) {
-    let p = Packing { nibbles: NIB, high: HIGH, subs: SUBS, min: MIN, half: HALF };
-    let next = t.blocks * t.record;
-    let ones8 = _mm512_set1_epi8(1);
-    let zero = _mm512_setzero_si512();
-    let broadcast = |at: *const u8| _mm512_set1_epi32((at as *const i32).read_unaligned());
-    let mut acc = [_mm512_setzero_ps(); R];
-    for b in 0..t.blocks {
-        let rec = t.rec.add(b * t.record);
-        let mut isum = [[zero; 2]; R];
-        let mut wsum = [zero; 2];
-        let signed = |w: __m512i, s: usize, at: usize, wsum: &mut [__m512i; 2], isum: &mut [[__m512i; 2]; R]| {
-            wsum[s] = _mm512_dpbusd_epi32(wsum[s], ones8, w);
-            for r in 0..R {
-                isum[r][s] = _mm512_dpbusd_epi32(isum[r][s], broadcast(t.u[r].add(b * BLOCK + at)), w);
-            }
-        };
-        if NIB && HIGH == 2 {
-            for j in 0..4 {
-                for (s, w) in values512::<HIGH>(rec, next, p, j).into_iter().enumerate() {
-                    signed(w, s, 16 * s + 4 * j, &mut wsum, &mut isum);
-                }
-            }
-        } else if NIB {
-            for j in 0..4 {
-                let [lo, hi] = values512::<HIGH>(rec, next, p, j);
-                for r in 0..R {
-                    let a = t.q[r].add(b * BLOCK) as *const u8;
-                    isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], lo, broadcast(a.add(4 * j)));
-                    isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], hi, broadcast(a.add(16 + 4 * j)));
-                }
-            }
-        } else {
-            let qs = rec.add(p.quants_at());
-            for g in 0..8 {
-                signed(both(qs.add(32 * g), next), 0, 4 * g, &mut wsum, &mut isum);
-            }
-        }
-        if !NIB || HIGH == 2 {
-            for r in 0..R {
-                for s in 0..SUBS {
-                    isum[r][s] = _mm512_sub_epi32(isum[r][s], _mm512_slli_epi32::<7>(wsum[s]));
-                }
-            }
-        }
-        let (dw, m) = block_scales512::<SUBS, MIN, HALF>(t, b, p);
-        for r in 0..R {
-            let da = _mm512_set1_ps(*t.d[r].add(b));
-            for s in 0..SUBS {
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw[s], da), _mm512_cvtepi32_ps(isum[r][s]), acc[r]);
-            }
-            if MIN {
-                acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(*t.s[r].add(b)), acc[r]);
-            }
-        }
-    }
-    for r in 0..R {
-        _mm512_storeu_ps(t.out[r], acc[r]);
-    }
+    vnni_body::<__m512i, NIB, HIGH, SUBS, MIN, HALF, R>(t)
 }
