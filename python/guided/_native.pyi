@@ -278,7 +278,9 @@ class Scheduler:
         before). Raises ValueError once it finished; use ``update()``'s value."""
     def stats(self) -> dict[str, int]:
         """prefix_cache_hit_tokens, prefix_cache_queries (prompt tokens looked
-        up, counted again on re-admission after preemption), preemptions,
+        up, counted again on re-admission after preemption),
+        prefix_cache_state_miss_tokens (prompt tokens the KV cache held past a
+        limit_prefix hit: recomputed for want of a state snapshot), preemptions,
         forced_tokens (appended by fast-forward), mask_time_us (wall time of
         the mask jobs), mask_wait_us (of it, what sample() waited for: the
         rest was hidden behind the forward pass; on demand, all of it was

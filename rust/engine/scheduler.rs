@@ -479,6 +479,11 @@ impl Scheduler {
                 let cached = hit.min(seq.num_prompt_tokens);
                 self.counters.prefix_cache_queries += seq.num_prompt_tokens;
                 self.counters.prefix_cache_hit_tokens += cached;
+                if seq.cache_limit.is_some() {
+                    // what the KV cache held past the state's snapshot (a recurrent model's miss)
+                    let held = self.bm.lookup(&seq.token_ids).num_blocks() * bs;
+                    self.counters.prefix_cache_state_miss_tokens += held.min(seq.num_prompt_tokens) - cached;
+                }
                 seq.num_cached_tokens = Some(cached);
             }
             seq.num_computed_tokens = hit;

@@ -6,6 +6,9 @@ use crate::engine::speculative::DraftCounters;
 pub struct Counters {
     pub prefix_cache_hit_tokens: usize,
     pub prefix_cache_queries: usize,
+    /// Prompt tokens the KV cache held past the hit a recurrent model's state snapshots allowed
+    /// (`Scheduler::limit_prefix`): recomputed for want of the state there.
+    pub prefix_cache_state_miss_tokens: usize,
     pub preemptions: usize,
     /// Tokens appended by fast-forward, without sampling.
     pub forced_tokens: usize,
@@ -29,6 +32,7 @@ impl Counters {
         let mut out = vec![
             ("prefix_cache_hit_tokens", self.prefix_cache_hit_tokens),
             ("prefix_cache_queries", self.prefix_cache_queries),
+            ("prefix_cache_state_miss_tokens", self.prefix_cache_state_miss_tokens),
             ("preemptions", self.preemptions),
             ("forced_tokens", self.forced_tokens),
             ("mask_time_us", self.mask_time_us as usize),

@@ -193,6 +193,9 @@ fn a_limited_prefix_hits_exactly_its_limit_or_nothing() {
         drain(&mut s, 3);
     }
     assert!(!s.limit_prefix(99, 16), "an unknown id");
+    // held 48 each time: 32 missed with the hit of 16, 48 with each of the three others
+    let stats: HashMap<_, _> = s.stats().into_iter().collect();
+    assert_eq!(stats["prefix_cache_state_miss_tokens"], 32 + 3 * 48);
 }
 
 #[test]

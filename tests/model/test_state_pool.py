@@ -12,7 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from guided.model.delta_net import DeltaNet
+from guided.model.layer_kinds import DeltaNetConfig, MambaConfig
+from guided.model.mamba import Mamba2
 from guided.model.state_pool import StatePool
 
 SHAPE = (2, 4, 3)   # a layer's state of one sequence: Mamba-2's [heads, head_dim, state_size]
@@ -75,3 +80,108 @@ def test_boundary_states_become_snapshots_a_later_prompt_starts_from():
     pool.release(2)                                    # a slot that reached 16 ...
     with pytest.raises(RuntimeError, match="at position -1, its step starts at 16"):
         pool.step(plan((5, 16, 1)))                    # ... is no state for its next owner at 16
+
+
+# -- the chunked scans against the recurrence, token by token ---------------------------------
+
+def _random_parameters(module: torch.nn.Module, gen: torch.Generator) -> None:
+    for name, p in list(module.named_parameters()):
+        owner, _, leaf = name.rpartition(".")
+        target = module.get_submodule(owner) if owner else module
+        setattr(target, leaf, torch.nn.Parameter(torch.randn(p.shape, generator=gen) * 0.5, requires_grad=False))
+
+
+def _mamba_reference(mixer, x, dt, b, c, state):
+    """Mamba-2's recurrence over one sequence's rows, a token at a time: outputs and final state."""
+    m = mixer.m
+    b = b.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(m.heads // m.groups, dim=1)
+    c = c.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(m.heads // m.groups, dim=1)
+    a = -torch.exp(mixer.A_log)
+    ys, states = [], []
+    for t in range(x.shape[0]):
+        state = state * torch.exp(dt[t] * a)[:, None, None] + (dt[t][:, None] * x[t])[..., None] * b[t][:, None]
+        ys.append(state @ c[t][..., None])
+        ys[-1] = ys[-1].squeeze(-1) + mixer.D[:, None] * x[t]
+        states.append(state)
+    return torch.stack(ys), states
+
+
+def _delta_reference(q, k, v, beta, g, state):
+    """The gated delta rule over one sequence's rows, a token at a time."""
+    os_, states = [], []
+    for t in range(q.shape[0]):
+        state = state * torch.exp(g[t])[:, None, None]
+        delta = (v[t] - (state * k[t][..., None]).sum(-2)) * beta[t][:, None]
+        state = state + k[t][..., None] * delta[:, None, :]
+        os_.append((state * q[t][..., None]).sum(-2))
+        states.append(state)
+    return torch.stack(os_), states
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.booleans()), min_size=1, max_size=5),
+       block=st.sampled_from([4, 16]), kind=st.sampled_from(["mamba", "delta"]), seed=st.integers(0, 2**16))
+def test_the_chunked_scans_equal_the_recurrence_token_by_token(seqs, block, kind, seed):
+    """A step of sequences at any positions and lengths (some starting fresh, others from a
+    state), cut into segments at block boundaries and scanned in the chunked forms: every row's
+    output, each sequence's final state and its copy at the last block boundary it crossed
+    equal the recurrence run token by token, within float32 rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "mamba":
+        mixer = Mamba2(MambaConfig(heads=4, head_dim=3, state_size=5, groups=2, conv_kernel=4), 0, 1e-5)
+        shape = (4, 3, 5)
+    else:
+        mixer = DeltaNet(DeltaNetConfig(k_heads=2, v_heads=4, k_dim=5, v_dim=3, conv_kernel=4), 0, 1e-5)
+        shape = (4, 5, 3)
+    _random_parameters(mixer, gen)
+    pool = StatePool(shape, layers=1, slots=len(seqs), device="cpu", block_size=block)
+    # each sequence first steps to its start position (or not, starting at 0), then the step under test
+    rows = [(i, first if keep else 0, n) for i, (first, n, keep) in enumerate(seqs)]
+    before = {}
+    for i, first, _ in rows:
+        if first:
+            pool.step(plan((i, 0, first)))
+            before[i] = pool.states[0, pool.slot_of[i]] = torch.randn(shape, generator=gen)
+    step = pool.step(plan(*rows))
+    total = sum(n for _, _, n in rows)
+    f = lambda *s: torch.randn(total, *s, generator=gen)  # noqa: E731
+    if kind == "mamba":
+        x, dt, b, c = f(4, 3), torch.rand(total, 4, generator=gen) * 2, f(10), f(10)
+        out = mixer._scan(x, dt, b, c, step)
+    else:
+        q, k = (torch.nn.functional.normalize(f(4, 5), dim=-1) for _ in range(2))
+        v, beta, g = f(4, 3), torch.rand(total, 4, generator=gen), -torch.rand(total, 4, generator=gen) * 2
+        out = mixer._scan(q, k, v, beta, g, step)
+    for (i, first, n), start in zip(rows, step.starts.tolist()):
+        state = before.get(i, torch.zeros(shape))
+        part = slice(start, start + n)
+        want, states = _mamba_reference(mixer, x[part], dt[part], b[part], c[part], state) if kind == "mamba" \
+            else _delta_reference(q[part], k[part], v[part], beta[part], g[part], state)
+        slot = pool.slot_of[i]
+        torch.testing.assert_close(out[part], want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(pool.states[0, slot], states[-1], rtol=1e-4, atol=1e-4)
+        if (row := int(step.capture_end[step.slots.tolist().index(slot)])) >= 0:
+            torch.testing.assert_close(pool.at_end[0, slot], states[row], rtol=1e-4, atol=1e-4)
+
+
+def test_where_a_prompt_parts_from_an_earlier_one_its_state_is_kept_for_the_next():
+    """Three prompts share 8 tokens (a system prompt) and then differ: the first keeps its own
+    boundaries only; the second finds no snapshot but sees where it parts from the first, and
+    its state there is copied; the third starts from that copy."""
+    pool = StatePool(SHAPE, layers=1, slots=3, device="cpu", block_size=4)
+    system = list(range(100, 108))
+    prompts = [system + [i] * 6 for i in (1, 2, 3)]     # 14 tokens: the prompt's own boundary is 12
+    assert pool.hit(1, prompts[0]) == 0 and 1 not in pool.branch_at
+    pool.step(plan((1, 0, 14)))
+    pool.release(1, prompts[0] + [9])
+    assert pool.hit(2, prompts[1]) == 0 and pool.branch_at[2] == 8
+    step = pool.step(plan((2, 0, 14)))
+    assert len([c for seg in step.segments for c in seg.captures if c[1] is pool.branch_copies[2][1]]) == 1
+    assert pool.branch_copies[2][0] == 8
+    pool.branch_copies[2][1][:] = 5.0                   # what the scan would copy after position 7
+    pool.release(2, prompts[1] + [9])
+    assert pool.hit(3, prompts[2]) == 8 and 3 not in pool.branch_at
+    pool.step(plan((3, 8, 6)))
+    assert torch.all(pool.states[:, pool.slot_of[3]] == 5.0)
+    # a prompt going on past its snapshot along the third's tokens marks where it parts from them
+    assert pool.hit(4, prompts[2][:12] + [7] * 8) == 8 and pool.branch_at[4] == 12

@@ -23,7 +23,7 @@ from torch import nn
 
 from .layer_kinds import DeltaNetConfig
 from .short_conv import meta_parameter as _parameter, paged_conv
-from .state_pool import StateStep
+from .state_pool import StateStep, segment_decay
 
 
 def delta_ungrouped(w: torch.Tensor, d: DeltaNetConfig, projection: str) -> torch.Tensor:
@@ -64,15 +64,38 @@ class DeltaNet(nn.Module):
         return (o * F.silu(z.float().view(t, d.v_heads, d.v_dim))).flatten(-2).to(projected.dtype)
 
     def _scan(self, q, k, v, beta, g, s: StateStep) -> torch.Tensor:
-        """The delta rule over each sequence's rows, sequences side by side."""
+        """The delta rule over each sequence's segments (state_pool.Segment), sequences side by
+        side. Within a segment, with Γ_t = g_1 + … + g_t and u_s the rows' corrections
+        β_s·(v_s − (e^g_s·S_{s−1})ᵀk_s), unrolled:
+
+            (I + A)·U = β·(V − e^Γ·K·S₀),   A_ts = β_t·e^(Γ_t − Γ_s)·k_t·k_s (s < t),
+            o_t = e^Γ_t·S₀ᵀq_t + Σ_{s≤t} e^(Γ_t − Γ_s)·(q_t·k_s)·u_s,
+            S_L = e^Γ_L·S₀ + Σ_s e^(Γ_L − Γ_s)·k_s ⊗ u_s
+
+        (the chunked gated delta rule); padding rows have β = g = 0, which leaves S as it is."""
         o = torch.empty_like(v)
 
-        def update(rows, st):
-            st = st * torch.exp(g[rows])[..., None, None]                             # [b, H, K, V]
-            kr = k[rows]
-            delta = (v[rows] - (st * kr[..., None]).sum(-2)) * beta[rows][..., None]
-            st = st + kr[..., None] * delta[..., None, :]
-            o[rows] = (st * q[rows][..., None]).sum(-2)
-            return st
+        def update(rows, valid, st):                                   # rows [n, L], st [n, H, K, V]
+            if rows.shape[1] == 1:                                     # one row each (decoding): the rule itself
+                r = rows[:, 0]
+                st = st * torch.exp(g[r])[..., None, None]
+                delta = (v[r] - (st * k[r][..., None]).sum(-2)) * beta[r][..., None]
+                st = st + k[r][..., None] * delta[..., None, :]
+                o[r] = (st * q[r][..., None]).sum(-2)
+                return st
+            bt, gs = beta[rows] * valid[..., None], g[rows] * valid[..., None]   # [n, L, H]
+            qs, ks, vs = q[rows], k[rows], v[rows]
+            gam = gs.cumsum(1)
+            decay = segment_decay(gam)                                 # [n, H, t, s]
+            a = (torch.einsum("nthk,nshk->nhts", ks, ks) * decay * bt.transpose(1, 2)[..., None]).tril(-1)
+            rhs = bt[..., None] * (vs - gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", ks, st))
+            eye = torch.eye(a.shape[-1], device=a.device)
+            u = torch.linalg.solve_triangular(a + eye, rhs.transpose(1, 2), upper=False, unitriangular=True)
+            out = gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", qs, st) \
+                + torch.einsum("nhts,nhsv->nthv", torch.einsum("nthk,nshk->nhts", qs, ks) * decay, u)
+            o[rows[valid]] = out[valid]
+            last = gam[:, -1:]
+            into = (last - gam).exp()                                  # [n, L, H]
+            return st * last[:, 0, :, None, None].exp() + torch.einsum("nsh,nshk,nhsv->nhkv", into, ks, u)
         s.pool.carry(self.index, s, update)
         return o

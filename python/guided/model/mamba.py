@@ -22,8 +22,9 @@ prefix cache (at snapshots) hold; a refused draft cannot be taken back out
 of S, so speculative decoding is refused for these models by name
 (engine.py).
 
-The recurrence runs token by token (rows of different sequences together);
-transformers' chunked scan gives the same values to float rounding.
+The recurrence runs a segment at a time (the rows between two block
+boundaries, sequences side by side) in Mamba-2's chunked form; transformers'
+chunked scan gives the same values to float rounding.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from torch import nn
 
 from .layer_kinds import MambaConfig
 from .short_conv import meta_parameter as _parameter, paged_conv
-from .state_pool import StateStep
+from .state_pool import StateStep, segment_decay
 
 
 class GatedNorm(nn.Module):
@@ -74,19 +75,39 @@ class Mamba2(nn.Module):
         return self.norm(y.flatten(-2).to(projected.dtype), z)
 
     def _scan(self, x, dt, b, c, s: StateStep) -> torch.Tensor:
-        """The recurrence over each sequence's rows, sequences side by side."""
+        """The recurrence over each sequence's segments (state_pool.Segment), sequences side by
+        side. Within a segment of L rows, with a_t = dt_t·A and Λ_t = a_1 + … + a_t:
+
+            y_t = e^Λ_t·S₀·C_t + Σ_{s≤t} e^(Λ_t − Λ_s)·dt_s·(C_t·B_s)·x_s + D·x_t,
+            S_L = e^Λ_L·S₀ + Σ_s e^(Λ_L − Λ_s)·dt_s·x_s ⊗ B_s
+
+        (Mamba-2's chunked form, "SSD"); padding rows have dt = 0, which leaves S as it is."""
         m = self.m
         per_group = m.heads // m.groups
         b = b.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)   # [T, H, N]
         c = c.unflatten(-1, (m.groups, m.state_size)).repeat_interleave(per_group, dim=1)
         a = -torch.exp(self.A_log.float())
+        d_skip = self.D.float()[:, None]
         y = torch.empty_like(x)
 
-        def update(rows, st):
-            d = dt[rows]                                                          # [b, H]
-            xb = (d[..., None] * x[rows])[..., None] * b[rows][:, :, None]               # dt·x ⊗ B
-            st = st * torch.exp(d * a)[..., None, None] + xb
-            y[rows] = (st @ c[rows][..., None]).squeeze(-1) + self.D.float()[:, None] * x[rows]
-            return st
+        def update(rows, valid, st):                                   # rows [n, L], st [n, H, P, N]
+            if rows.shape[1] == 1:                                     # one row each (decoding): the recurrence
+                r = rows[:, 0]
+                d = dt[r]
+                st = st * torch.exp(d * a)[..., None, None] + (d[..., None] * x[r])[..., None] * b[r][:, :, None]
+                y[r] = (st @ c[r][..., None]).squeeze(-1) + d_skip * x[r]
+                return st
+            d = dt[rows] * valid[..., None]                            # [n, L, H]
+            xs, bs, cs = x[rows], b[rows], c[rows]
+            lam = (d * a).cumsum(1)
+            decay = segment_decay(lam)                                 # [n, H, t, s]
+            w = torch.einsum("nthk,nshk->nhts", cs, bs) * decay * d.transpose(1, 2)[:, :, None]
+            out = torch.einsum("nthk,nhpk->nthp", cs, st) * lam.exp()[..., None] \
+                + torch.einsum("nhts,nshp->nthp", w, xs) + d_skip * xs
+            y[rows[valid]] = out[valid]
+            last = lam[:, -1:]                                         # [n, 1, H]
+            into = (last - lam).exp() * d                              # [n, L, H]
+            return st * last[:, 0, :, None, None].exp() + torch.einsum("nsh,nshp,nshk->nhpk", into, xs, bs)
         s.pool.carry(self.index, s, update)
         return y
+

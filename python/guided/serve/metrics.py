@@ -6,7 +6,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Engine counters that only grow, and readings that go up and down.
 _COUNTERS = ("prompt_tokens", "generated_tokens", "forced_tokens", "prefix_cache_hit_tokens",
-             "prefix_cache_queries", "preemptions", "steps", "mask_rows",
+             "prefix_cache_queries", "prefix_cache_state_miss_tokens", "preemptions", "steps", "mask_rows",
              "mask_rows_on_demand", "mask_rows_refused",
              "draft_steps", "draft_tokens", "draft_lookups", "draft_lookups_kept",
              "draft_step_tokens", "draft_mask_rows", "closed_outputs")
