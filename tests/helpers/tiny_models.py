@@ -189,6 +189,18 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "nemotron_h": lambda: transformers.NemotronHConfig(**_tiny(num_hidden_layers=None, tie_word_embeddings=False,
         layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"],
         mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, intermediate_size=96)),
+    # Falcon-H1: attention and Mamba-2 side by side in every layer, with µP multipliers everywhere
+    # (each different from 1, so a multiplier folded into the wrong weight shows), no mixer norm
+    "falcon_h1": lambda: transformers.FalconH1Config(**_tiny(tie_word_embeddings=False, num_hidden_layers=3,
+        mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_rms_norm=False, embedding_multiplier=1.5, lm_head_multiplier=0.7, key_multiplier=0.8,
+        attention_in_multiplier=1.2, attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
+        ssm_multipliers=[0.5, 1.3, 0.7, 1.4, 0.9], mlp_multipliers=[1.25, 0.75])),
+    # ... and with its mixer's norm after the gate's product, biases on the projections
+    "falcon_h1_norm": lambda: transformers.FalconH1Config(**_tiny(tie_word_embeddings=True, num_hidden_layers=2,
+        mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=3,
+        mamba_rms_norm=True, mamba_norm_before_gate=True, projectors_bias=True, mamba_proj_bias=True,
+        attention_bias=True, key_multiplier=1.3, ssm_multipliers=[1.2, 0.8, 1.1, 0.9, 1.5])),
     # NoPE on every 4th layer (llama.cpp hard-codes that step for smollm3)
     "smollm3": lambda: transformers.SmolLM3Config(**_tiny(num_hidden_layers=4, num_key_value_heads=1,
         tie_word_embeddings=True, no_rope_layers=[1, 1, 1, 0], bos_token_id=None)),

@@ -59,7 +59,9 @@ NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window"
            "qwen3_5": "no reader yet for llama.cpp's qwen35 tensors",
            "qwen3_5_moe": "no reader yet for llama.cpp's qwen35moe tensors",
            "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors",
-           "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors"}
+           "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors",
+           "falcon_h1": "no reader yet for llama.cpp's falcon-h1 tensors",
+           "falcon_h1_norm": "no reader yet for llama.cpp's falcon-h1 tensors"}
 
 
 def _prompt_lengths(arch: str) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from helpers.tiny_models import VOCAB, build
 BLOCK = 4
 
 
-@pytest.fixture(scope="module", params=["granitemoehybrid_mamba", "qwen3_5"])
+@pytest.fixture(scope="module", params=["granitemoehybrid_mamba", "qwen3_5", "falcon_h1"])
 def model(request):
     directory = tempfile.mkdtemp()
     build(request.param, directory)

@@ -150,6 +150,31 @@ def lfm2(draw):
         block_multiple_of=draw(st.sampled_from([16, 32])))
 
 
+@st.composite
+def falcon_h1(draw):
+    hidden = draw(st.sampled_from([32, 64]))
+    heads = draw(st.sampled_from([2, 4, 8]))
+    inner = draw(st.sampled_from([None, 32, 64, 128]))      # mamba_d_ssm, else mamba_expand × hidden
+    expand = draw(st.sampled_from([1, 2]))
+    width = inner or expand * hidden
+    multiplier = st.sampled_from([0.5, 0.8, 1.0, 1.3, 2.5])
+    rms = draw(st.booleans())
+    return transformers.FalconH1Config(
+        **_common(draw, hidden), num_hidden_layers=draw(st.integers(1, 3)),
+        head_dim=draw(st.sampled_from([8, 16])), intermediate_size=draw(st.sampled_from([48, 96])),
+        mamba_d_ssm=inner, mamba_expand=expand, mamba_n_heads=heads,
+        mamba_d_head=draw(st.sampled_from(["auto", width // heads])), mamba_n_groups=draw(st.sampled_from([1, 2])),
+        mamba_d_state=draw(st.sampled_from([8, 16])), mamba_d_conv=draw(st.integers(2, 4)),
+        mamba_conv_bias=draw(st.booleans()), mamba_proj_bias=draw(st.booleans()),
+        projectors_bias=draw(st.booleans()), attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+        mamba_rms_norm=rms, mamba_norm_before_gate=draw(st.booleans()),
+        time_step_limit=draw(st.sampled_from([(0.0, float("inf")), (0.01, 1.0)])),
+        embedding_multiplier=draw(multiplier), lm_head_multiplier=draw(multiplier), key_multiplier=draw(multiplier),
+        attention_in_multiplier=draw(multiplier), attention_out_multiplier=draw(multiplier),
+        ssm_in_multiplier=draw(multiplier), ssm_out_multiplier=draw(multiplier),
+        ssm_multipliers=[draw(multiplier) for _ in range(5)], mlp_multipliers=[draw(multiplier) for _ in range(2)])
+
+
 def _valid(draw_config):
     """A strategy of the configs `draw_config` makes that transformers' validation accepts."""
     @st.composite
@@ -164,7 +189,7 @@ def _valid(draw_config):
 
 FAMILIES = {"granite_hybrid": granite_hybrid, "granite_moe": granite_moe, "qwen3_5": partial(qwen3_5, "dense"),
             "qwen3_5_moe": partial(qwen3_5, "moe"), "qwen3_next": partial(qwen3_5, "next"), "lfm2": lfm2,
-            "nemotron_h": nemotron_h}
+            "nemotron_h": nemotron_h, "falcon_h1": falcon_h1}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

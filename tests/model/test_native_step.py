@@ -37,12 +37,13 @@ pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
                                 reason="the native step needs this CPU's build of the kernels (AVX2)")
 
 #: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF)
-NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"}
+NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1",
+           "falcon_h1_norm"}
 #: what the native step refuses by name (the torch step runs them)
 NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention",
               "granitemoehybrid_mamba": "recurrent layers", "granitemoehybrid_moe": "recurrent layers",
               "qwen3_5": "recurrent layers", "qwen3_5_moe": "recurrent layers", "qwen3_next": "recurrent layers",
-              "nemotron_h": "recurrent layers"}
+              "nemotron_h": "recurrent layers", "falcon_h1": "recurrent layers", "falcon_h1_norm": "recurrent layers"}
 GREEDY = SamplingParams(temperature=0, max_tokens=16, logprobs=5, ignore_eos=True)
 
 

@@ -44,7 +44,7 @@ What each field means:
   soft-caps, which layers rotate) as ModelConfig fields; ``read_hf`` gets the
   config.json and the fields read so far, ``read_gguf`` a getter of the
   architecture's metadata keys and the fields read so far (the readers of
-  experts and latent attention are in moe_readers.py).
+  experts and latent attention are in moe_readers.py, the hybrid rows' in hybrid_readers.py).
 
 Layers other than attention, by ``layer_types``: "conv" (LFM2), a gated short
 convolution whose inputs the paged cache holds per token (model/short_conv.py);
@@ -55,17 +55,19 @@ snapshots of it serving the prefix cache (model/state_pool.py). A row with a
 ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends with
 multi-head latent attention (model/latent_attention.py). Nemotron-H's blocks
 are one sublayer each (``one_sublayer``): Mamba-2, attention without rotation,
-or a relu² MLP. Out of scope: Nemotron-H's expert layers, Falcon-H1's blocks
-("linear" layers of other architectures are refused).
+or a relu² MLP. Falcon-H1's layers are "hybrid": attention and a Mamba-2 mixer side
+by side on the layer's normed input, their outputs summed, its µP multipliers folded
+into the weights at load (ModelConfig.weight_scales). Out of scope: Nemotron-H's
+expert layers ("linear" layers of other architectures are refused).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from .layer_kinds import (Activation, DeltaNetConfig, MambaConfig, NormKind, NormPlacement, QkNorm,
-                          UngatedActivation, check_feature)
+from .hybrid_readers import falcon_h1_hf, granite_mamba, lfm2_gguf, lfm2_hf, nemotron_h_hf, qwen3_5_hf
+from .layer_kinds import Activation, MambaConfig, NormKind, NormPlacement, QkNorm, UngatedActivation, check_feature
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
                           gpt_oss_hf, granite_moe, qwen3_moe_gguf, qwen3_moe_hf)
 
@@ -124,27 +126,7 @@ def _granite_hf(cfg: dict, base: dict) -> dict[str, Any]:
     if cfg.get("num_local_experts"):
         out["moe"] = granite_moe(cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"],
                                  cfg.get("shared_intermediate_size") or 0, cfg["num_hidden_layers"])
-    return {**out, **_granite_mamba(cfg, base, out["rope_layers"] or base.get("rope_layers"))}
-
-
-def _granite_mamba(cfg: dict, base: dict, rope_layers) -> dict[str, Any]:
-    """Granite 4.0-H's Mamba-2 layers (config.json's "mamba", transformers 5's "linear_attention")."""
-    types = base.get("layer_types") or ()
-    if "linear" not in types:
-        return {}
-    inner = int(cfg.get("mamba_expand", 2)) * cfg["hidden_size"]
-    heads = int(cfg["mamba_n_heads"])
-    head_dim = cfg.get("mamba_d_head")
-    # transformers writes an infinite limit as {"__float__": "Infinity"}
-    limit = [float(v["__float__"] if isinstance(v, dict) else v) for v in cfg.get("time_step_limit") or (0, "inf")]
-    mamba = MambaConfig(heads, inner // heads if head_dim in (None, "auto") else int(head_dim),
-                        int(cfg["mamba_d_state"]), int(cfg.get("mamba_n_groups", 1)), int(cfg.get("mamba_d_conv", 4)),
-                        bool(cfg.get("mamba_conv_bias", True)), bool(cfg.get("mamba_proj_bias", False)),
-                        *limit)
-    types = tuple("mamba" if t == "linear" else t for t in types)
-    rope = rope_layers or ("global",) * len(types)
-    return {"mamba": mamba, "layer_types": types,
-            "rope_layers": tuple(None if t == "mamba" else r for t, r in zip(types, rope))}
+    return {**out, **granite_mamba(cfg, base, out["rope_layers"] or base.get("rope_layers"))}
 
 
 def _granite_gguf(get, base: dict) -> dict[str, Any]:
@@ -246,74 +228,6 @@ def _cohere2_gguf(get, base: dict) -> dict[str, Any]:
             "rope_layers": tuple("global" if t == "sliding" else None for t in types)}
 
 
-def _lfm2_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    # the MLP's width is block_ff_dim adjusted as Lfm2MLP does: 2/3 of it, times a multiplier,
-    # rounded up to a multiple of block_multiple_of
-    width = cfg.get("block_ff_dim") or cfg["intermediate_size"]
-    if cfg.get("block_auto_adjust_ff_dim", True):
-        width = int(2 * width / 3)
-        if cfg.get("block_ffn_dim_multiplier") is not None:
-            step = int(cfg.get("block_multiple_of", 256))
-            width = step * ((int(float(cfg["block_ffn_dim_multiplier"]) * width) + step - 1) // step)
-    n = cfg["num_hidden_layers"]
-    types = cfg.get("layer_types")
-    if types is None:
-        full = set(cfg.get("full_attn_idxs") or range(n))
-        types = ["full_attention" if i in full else "conv" for i in range(n)]
-    types = tuple("conv" if t == "conv" else "full" for t in types)
-    return {"intermediate_size": width, "rms_norm_eps": float(cfg.get("norm_eps", 1e-5)), "layer_types": types,
-            "rope_layers": tuple(None if t == "conv" else "global" for t in types),
-            "conv_kernel": int(cfg.get("conv_L_cache", 3)), "conv_bias": bool(cfg.get("conv_bias", False)),
-            "tie_word_embeddings": bool(cfg.get("tie_embedding", cfg.get("tie_word_embeddings", True)))}
-
-
-def _lfm2_gguf(get, base: dict) -> dict[str, Any]:
-    # llama.cpp: a KV head count per layer, 0 for the convolution layers
-    kv = get("attention.head_count_kv")
-    types = tuple("conv" if k == 0 else "full" for k in kv)
-    return {"layer_types": types, "rope_layers": tuple(None if t == "conv" else "global" for t in types),
-            "num_kv_heads": int(max(kv)), "conv_kernel": int(get("shortconv.l_cache"))}
-
-
-def _qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    # Gated DeltaNet layers (config.json's "linear_attention") between gated attention layers
-    types = tuple("delta" if t == "linear" else t for t in base.get("layer_types") or ())
-    delta = DeltaNetConfig(cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
-                           cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]) if "delta" in types else None
-    out = {"layer_types": types or None, "delta": delta,
-           "rope_layers": tuple(None if t == "delta" else "global" for t in types) or None}
-    if cfg.get("num_experts"):
-        # Qwen3-Next's and Qwen3.5-MoE's experts: Qwen3-MoE's router (Qwen3.5-MoE always renormalises
-        # the top k; its config says nothing), a shared expert gated by σ of a linear
-        moe = qwen3_moe_hf({**cfg, "norm_topk_prob": cfg.get("norm_topk_prob") is not False}, base)["moe"]
-        out["moe"] = replace(moe, shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-                             shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")))
-    return out
-
-
-#: Nemotron-H's hybrid_override_pattern: a character per block
-_NEMOTRON_BLOCKS = {"M": "mamba", "*": "full", "-": "mlp", "E": "moe"}
-
-
-def _nemotron_h_hf(cfg: dict, base: dict) -> dict[str, Any]:
-    # the blocks by the Hub configs' pattern, or transformers 5's layers_block_type (read as layer_types)
-    pattern = cfg.get("hybrid_override_pattern")
-    types = tuple(_NEMOTRON_BLOCKS[ch] for ch in pattern) if pattern else \
-        tuple("mamba" if t == "linear" else t for t in base.get("layer_types") or ())
-    if "moe" in types:
-        raise ValueError("nemotron_h: expert layers (Nemotron 3's \"E\" blocks) are not supported yet")
-    mamba = MambaConfig(int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg["ssm_state_size"]),
-                        int(cfg.get("n_groups", 1)), int(cfg.get("conv_kernel", 4)),
-                        bool(cfg.get("use_conv_bias", True)), bool(cfg.get("use_bias", False)),
-                        # dt floored at time_step_min, no upper limit: transformers' chunked scan (its
-                        # prefill) does so, its one-token update not; here every step does
-                        float(cfg.get("time_step_min", 0.0)), float("inf"))
-    # transformers' attention has no biases whatever attention_bias says (use_bias is the mixer's)
-    return {"layer_types": types, "num_layers": len(types), "mamba": mamba, "rope_layers": (None,) * len(types),
-            "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)), "attention_bias": False,
-            "output_bias": False, "mlp_bias": bool(cfg.get("mlp_bias", False))}
-
-
 def _gemma2_gguf(get, base: dict) -> dict[str, Any]:
     # llama.cpp: every other layer slides, the first among them
     n = int(get("block_count"))
@@ -372,13 +286,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  read_hf=deepseek_v3_hf, read_gguf=deepseek2_gguf),
     Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
                                   "Qwen3_5MoeForConditionalGeneration"), qk_norm="head",
-                 norm_offset=1.0, attention_gate=True, read_hf=_qwen3_5_hf),
+                 norm_offset=1.0, attention_gate=True, read_hf=qwen3_5_hf),
     # Qwen3.5's layers with Qwen3-Next's projections (Gated DeltaNet's grouped by key head)
     Architecture("qwen3_next", ("Qwen3NextForCausalLM",), qk_norm="head", norm_offset=1.0, attention_gate=True,
-                 read_hf=_qwen3_5_hf),
+                 read_hf=qwen3_5_hf),
     Architecture("nemotron_h", ("NemotronHForCausalLM",), ungated="relu2", one_sublayer=True,
-                 read_hf=_nemotron_h_hf),
-    Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=_lfm2_hf, read_gguf=_lfm2_gguf),
+                 read_hf=nemotron_h_hf),
+    Architecture("falcon_h1", ("FalconH1ForCausalLM",), read_hf=falcon_h1_hf),
+    Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=lfm2_hf, read_gguf=lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),
     Architecture("gemma3_text", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3",),

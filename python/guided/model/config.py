@@ -30,8 +30,10 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     #: the leading part of each head that rotates (Phi-4-mini: three quarters)
     rotary_dim: int | None = None
-    #: per layer, "full", "sliding" (attends to the last `sliding_window` positions) or "conv"
-    #: (a gated short convolution instead of attention: LFM2)
+    #: per layer, "full", "sliding" (attends to the last `sliding_window` positions), "conv"
+    #: (a gated short convolution instead of attention: LFM2), "mamba" / "delta" (a recurrent
+    #: mixer instead), "hybrid" (attention and a Mamba-2 mixer side by side: Falcon-H1) or "mlp"
+    #: (an MLP alone: Nemotron-H)
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
     #: per layer, the rotary table it uses: "global", "local" (Gemma 3's sliding layers) or None
@@ -54,6 +56,11 @@ class ModelConfig:
     delta: DeltaNetConfig | None = None
     conv_kernel: int = 0                   # a "conv" layer's kernel size (LFM2's conv_L_cache)
     conv_bias: bool = False
+    #: per layer module (the loaders' names: "q_proj", "mamba_in_proj", ...), multipliers the
+    #: checkpoint applies around it, folded into its weights at load: (the input's, and the
+    #: outputs' as runs of (rows, factor) down the weight; -1 rows: the rest) (Falcon-H1's µP
+    #: multipliers, as llama.cpp's converter folds them)
+    weight_scales: dict[str, tuple[float, tuple[tuple[int, float], ...]]] = field(default_factory=dict)
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -68,8 +75,10 @@ class ModelConfig:
             raise ValueError(f"{self.architecture}: sliding layers without a sliding_window")
         if "linear" in self.layer_types:
             raise ValueError(f"{self.architecture}: linear-attention / recurrent layers are not supported "
-                             f"for this architecture (guided runs Granite 4.0-H's Mamba-2 layers and LFM2's)")
-        if "mamba" in self.layer_types and self.mamba is None or "delta" in self.layer_types and self.delta is None:
+                             f"for this architecture (guided runs those of Granite 4.0-H, Nemotron-H, Falcon-H1, "
+                             f"Qwen3.5, Qwen3-Next and LFM2)")
+        if {"mamba", "hybrid"} & set(self.layer_types) and self.mamba is None or \
+                "delta" in self.layer_types and self.delta is None:
             raise ValueError(f"{self.architecture}: recurrent layers without their mixer's numbers")
         if "mlp" in self.layer_types and not self.arch.one_sublayer:
             raise ValueError(f"{self.architecture}: MLP-only layers in an architecture whose layers have a mixer")
@@ -87,7 +96,12 @@ class ModelConfig:
         return self.layer_types[layer] == "conv"
 
     def is_mamba(self, layer: int) -> bool:
-        return self.layer_types[layer] == "mamba"
+        """A Mamba-2 mixer: alone ("mamba"), or beside attention on the same input ("hybrid": Falcon-H1)."""
+        return self.layer_types[layer] in ("mamba", "hybrid")
+
+    def attends(self, layer: int) -> bool:
+        """Attention (or latent attention) in the layer: alone, or beside a Mamba-2 mixer."""
+        return self.layer_types[layer] in ("full", "sliding", "hybrid")
 
     def has_mixer(self, layer: int) -> bool:
         """Whether the layer mixes tokens (attention, a convolution, a recurrent mixer): all but "mlp" layers."""
@@ -100,7 +114,7 @@ class ModelConfig:
 
     def is_recurrent(self, layer: int) -> bool:
         """A layer whose state is not per token (Mamba-2, Gated DeltaNet): a StatePool row."""
-        return self.layer_types[layer] in ("mamba", "delta")
+        return self.layer_types[layer] in ("mamba", "delta", "hybrid")
 
     @property
     def state_shape(self) -> tuple[int, ...] | None:

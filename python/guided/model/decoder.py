@@ -28,7 +28,8 @@ from .rope import RotaryTable, apply_rotary, inverse_frequencies
 from .short_conv import ShortConv, previous_slots
 from .state_pool import StateStep
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
+#: a layer's paged caches: K and V, and (a hybrid layer) its Mamba-2 mixer's convolution inputs
+KVCache = tuple[torch.Tensor, ...]
 
 
 class RMSNorm(nn.Module):
@@ -108,7 +109,7 @@ class DecoderLayer(nn.Module):
         if self.mamba is not None:
             m = c.mamba
             self.mamba_in_proj = _linear(c.hidden_size, m.inner + m.conv_dim + m.heads, m.proj_bias)
-            self.mamba_out_proj = _linear(m.inner, c.hidden_size, m.proj_bias)
+            self.mamba_out_proj = _linear(m.inner, c.hidden_size, m.proj_bias if m.out_bias is None else m.out_bias)
         elif self.delta is not None:
             d = c.delta
             self.delta_in_proj = _linear(c.hidden_size, d.conv_dim + d.value_dim + 2 * d.v_heads, False)
@@ -118,7 +119,11 @@ class DecoderLayer(nn.Module):
             self.conv_out_proj = _linear(c.hidden_size, c.hidden_size, c.conv_bias)
         elif self.mla is not None:
             self.o_proj = _linear(c.num_heads * c.latent.v_dim, c.hidden_size, c.output_bias)
-        elif c.has_mixer(index):
+        #: Falcon-H1: attention beside the Mamba-2 mixer, on the same input, the two outputs summed
+        self.hybrid = c.layer_types[index] == "hybrid"
+        #: where the Mamba-2 mixer's convolution inputs are in the layer's caches (after K and V in a hybrid)
+        self.conv_cache = 2 if self.hybrid else 0
+        if c.attends(index) and self.mla is None:
             q_width = self.q_size * (2 if self.output_gate else 1)
             self.qkv_proj = _linear(c.hidden_size, q_width + 2 * self.kv_size, c.attention_bias)
             self.o_proj = _linear(self.q_size, c.hidden_size, c.output_bias)
@@ -176,8 +181,11 @@ class DecoderLayer(nn.Module):
         """The mixer's output for the normed input: attention, latent attention, a convolution
         or a recurrent mixer."""
         if self.mamba is not None:
-            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
-            return self.mamba_out_proj(mixed)
+            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[self.conv_cache], plan.slot_mapping, conv_slots,
+                               states)
+            if not self.hybrid:
+                return self.mamba_out_proj(mixed)
+            return self.mamba_out_proj(mixed) + self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
         if self.delta is not None:
             mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
             return self.delta_out_proj(mixed)
@@ -212,7 +220,7 @@ class DecoderLayer(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.qk_norm == "head" and self.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
-        k_cache, v_cache = kv_cache
+        k_cache, v_cache = kv_cache[:2]
         write_kv(k_cache, v_cache, k, v, plan)
         out = paged_attention(q, k_cache, v_cache, plan, self.scores, self.sinks)
         return out if gate is None else out * torch.sigmoid(gate)
@@ -308,6 +316,9 @@ def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> 
         return (1, 0), (1, 0)
     if config.is_conv(layer):
         return (1, config.hidden_size), (1, 0)
+    if config.layer_types[layer] == "hybrid":
+        kv = (num_kv_heads or config.num_kv_heads, config.head_dim)
+        return kv, kv, (1, config.mamba.conv_dim)
     if config.is_mamba(layer):
         return (1, config.mamba.conv_dim), (1, 0)
     if config.layer_types[layer] == "delta":

@@ -91,7 +91,8 @@ _TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_mo
 _NOT_TEXT = ("vision_tower", "vision_model", "multi_modal_projector", "rotary_emb.", "visual.", "mtp.")
 #: HF's per-layer module names that are not ours, by the architecture's norm placement
 _NORMS = {
-    "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm"},
+    "pre": {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
+            "pre_ff_layernorm": "mlp_norm"},   # Falcon-H1's
     "parallel": {"input_layernorm": "attn_norm"},
     "post": {"post_attention_layernorm": "attn_post_norm", "post_feedforward_layernorm": "mlp_post_norm"},
     "sandwich": {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
@@ -123,7 +124,8 @@ _PATHS = {"operator_norm": "attn_norm", "ffn_norm": "mlp_norm",
           "linear_attn.in_proj_qkvz": "delta_in_qkvz", "linear_attn.in_proj_ba": "delta_in_ba"}
 #: top-level tensors under another name (LFM2's final norm)
 _TOP = {"embedding_norm.weight": "norm.weight",
-        "embeddings.weight": "embed_tokens.weight", "norm_f.weight": "norm.weight"}   # Nemotron-H's
+        "embeddings.weight": "embed_tokens.weight", "norm_f.weight": "norm.weight",   # Nemotron-H's
+        "final_layernorm.weight": "norm.weight"}                                         # Falcon-H1's
 
 
 #: a mixture-of-experts MLP's tensors (after "mlp."): the router ("gate"), the experts, a shared expert
@@ -184,11 +186,26 @@ def _as_ours(name: str, w: torch.Tensor, arch: Architecture, c: ModelConfig) -> 
     if arch.norm_offset and name.endswith("norm.weight") and not name.endswith("delta_norm.weight"):
         # (the DeltaNet's gated norm multiplies by its weight as stored)
         return w.float() + arch.norm_offset
+    if c.weight_scales and (scale := c.weight_scales.get(name.split(".")[-2])) is not None:
+        return scaled(w, *scale, bias=name.endswith(".bias"))
     if arch.interleaved_rope and name.endswith(("q_proj.weight", "q_proj.bias")):
         return unpermute(w, c.num_heads)
     if arch.interleaved_rope and name.endswith(("k_proj.weight", "k_proj.bias")):
         return unpermute(w, c.num_kv_heads)
     return w
+
+
+def scaled(w: torch.Tensor, inputs: float, rows: tuple[tuple[int, float], ...], bias: bool = False) -> torch.Tensor:
+    """A linear's weight (or bias) with multipliers of its input and of runs of its outputs folded
+    in (ModelConfig.weight_scales); a bias takes the outputs' alone."""
+    sizes = [n for n, _ in rows]
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = w.shape[0] - sum(n for n in sizes if n != -1)
+    if sum(sizes) != w.shape[0]:
+        raise ValueError(f"multipliers for {sum(sizes)} rows of a weight of {w.shape[0]}")
+    factor = torch.cat([torch.full((n,), f, dtype=torch.float32) for n, (_, f) in zip(sizes, rows)])
+    out = w.float() * factor.view(-1, *(1,) * (w.dim() - 1))
+    return (out if bias else out * inputs).to(w.dtype)
 
 
 def _token_text(value) -> str | None:

@@ -22,6 +22,10 @@ QkNorm = Literal["head", "full"]
 Activation = Literal["silu", "gelu_tanh", "swiglu_oai"]
 #: an MLP without a gate, down(f(up(x))), and its f: squared ReLU (Nemotron-H); the torch step's only
 UngatedActivation = Literal["relu2"]
+#: how a Mamba-2 mixer's output y meets its gate z before out_proj: RMSNorm(y·SiLU(z)) ("gated":
+#: Granite 4.0-H, Nemotron-H), RMSNorm(y)·SiLU(z) ("norm_then_gate") or y·SiLU(z) ("none"): Falcon-H1's
+#: mamba_rms_norm and mamba_norm_before_gate choose
+MambaNorm = Literal["gated", "norm_then_gate", "none"]
 #: how a router's logits choose experts (MoEConfig.scoring)
 Scoring = Literal["softmax", "softmax_topk", "sigmoid"]
 
@@ -88,6 +92,12 @@ class MambaConfig:
     proj_bias: bool = False
     dt_min: float = 0.0
     dt_max: float = float("inf")
+    norm: MambaNorm = "gated"
+    #: whether out_proj has a bias (None: as in_proj, `proj_bias`; Falcon-H1's projectors_bias)
+    out_bias: bool | None = None
+
+    def __post_init__(self):
+        check_feature("norm", self.norm, MambaNorm)
 
     @property
     def inner(self) -> int:

@@ -38,16 +38,20 @@ from .state_pool import StateStep, segment_decay
 
 
 class GatedNorm(nn.Module):
-    """RMSNorm of y·SiLU(z), per group of `group` channels (Mamba-2's norm before out_proj)."""
+    """RMSNorm of y·SiLU(z) ("gated") or RMSNorm(y)·SiLU(z) ("norm_then_gate"), per group of
+    `group` channels (Mamba-2's norm before out_proj)."""
 
-    def __init__(self, dim: int, group: int, eps: float):
+    def __init__(self, dim: int, group: int, eps: float, placement: str = "gated"):
         super().__init__()
-        self.weight, self.group, self.eps = _parameter(dim), group, eps
+        self.weight, self.group, self.eps, self.placement = _parameter(dim), group, eps, placement
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        h = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group))
+        gated = self.placement == "gated"
+        h = (y.float() * F.silu(z.float()) if gated else y.float()).unflatten(-1, (-1, self.group))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.flatten(-2).to(y.dtype)
+        if gated:
+            return self.weight * h.flatten(-2).to(y.dtype)
+        return (self.weight * h.flatten(-2) * F.silu(z.float())).to(y.dtype)
 
 
 class Mamba2(nn.Module):
@@ -62,7 +66,8 @@ class Mamba2(nn.Module):
         self.conv.weight = _parameter(m.conv_dim, m.conv_kernel)
         self.conv.bias = _parameter(m.conv_dim) if m.conv_bias else None
         self.dt_bias, self.A_log, self.D = _parameter(m.heads), _parameter(m.heads), _parameter(m.heads)
-        self.norm = GatedNorm(m.inner, m.inner // m.groups, eps)
+        #: y's norm and gate (Falcon-H1 may have no norm: y·SiLU(z))
+        self.norm = GatedNorm(m.inner, m.inner // m.groups, eps, m.norm) if m.norm != "none" else None
 
     def forward(self, projected: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
                 previous: torch.Tensor, states: StateStep) -> torch.Tensor:
@@ -72,7 +77,8 @@ class Mamba2(nn.Module):
         x, b, c = F.silu(mixed).split([m.inner, m.groups * m.state_size, m.groups * m.state_size], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(m.dt_min, m.dt_max)
         y = self._scan(x.float().unflatten(-1, (m.heads, m.head_dim)), dt, b.float(), c.float(), states)
-        return self.norm(y.flatten(-2).to(projected.dtype), z)
+        y = y.flatten(-2).to(projected.dtype)
+        return self.norm(y, z) if self.norm is not None else (y.float() * F.silu(z.float())).to(y.dtype)
 
     def _scan(self, x, dt, b, c, s: StateStep) -> torch.Tensor:
         """The recurrence over each sequence's segments (state_pool.Segment), sequences side by
