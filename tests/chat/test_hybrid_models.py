@@ -50,7 +50,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 #: family → (its model's layer kinds, its tool format, whether it is an HF directory, how it loads)
 HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), "lfm2", False, {}),
            "granite": (("mamba", "mamba", "full", "mamba"), "granite", True, {"dtype": "float32"}),
-           "qwen3": (("delta", "delta", "full", "delta"), "hermes", True, {"dtype": "float32"}),
+           "qwen3": (("delta", "delta", "full", "delta"), "hermes", False, {}),   # llama.cpp's qwen35 file
            "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"})}
 
 

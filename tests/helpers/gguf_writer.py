@@ -454,6 +454,63 @@ def _glm4_moe(w, h):
         w.add_nextn_predict_layers(c["num_nextn_predict_layers"])
 
 
+def _qwen35(w, h):
+    """Qwen3_5TextModel / Qwen3_5MoeTextModel: Qwen2MoeModel's keys, Qwen3NextModel's Gated DeltaNet
+    ones (k_dim as the state size, the key heads as groups, the value heads as the time-step rank),
+    which layers are recurrent, the rotary width, and _Qwen35MRopeMixin's default sections."""
+    c = h.c
+    _qwen_moe(w, h)
+    w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(c["linear_key_head_dim"])
+    w.add_ssm_group_count(c["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(c["linear_num_value_heads"])
+    w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
+    if (types := c.get("layer_types")) is not None:   # GGUFWriter.add_recurrent_layers (newer gguf)
+        w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in types])
+    w.add_full_attention_interval(c.get("full_attention_interval", 4))
+    w.add_rope_dimension_count(int(h.head_dim * h.rope_full.get("partial_rotary_factor", 0.25)))
+    if "mrope_section" not in h.rope_full:
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+
+
+def _qwen35_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """_LinearAttentionVReorderBase.modify_tensors (the value heads from grouped by key head to
+    tiled, for ggml's broadcast), then Qwen3NextModel's: A = −exp(A_log), dt_bias under the
+    dt_proj.bias name, the Conv1d squeezed, 1 added to every norm but the DeltaNet's."""
+    c = h.c
+    k_heads, v_heads = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    k_dim, v_dim, share = c["linear_key_head_dim"], c["linear_value_head_dim"], v_heads // k_heads
+
+    def tiled(x: torch.Tensor, dim: int, head: int) -> torch.Tensor:
+        shape = list(x.shape)
+        x = x.reshape(*shape[:dim], k_heads, share, head, *shape[dim + 1:])
+        return x.transpose(dim, dim + 1).contiguous().reshape(shape)
+
+    if "linear_attn." in name and k_heads != v_heads:
+        if ".in_proj_qkv." in name:
+            t = torch.cat([t[:2 * k_heads * k_dim], tiled(t[2 * k_heads * k_dim:], 0, v_dim)])
+        elif ".in_proj_z." in name:
+            t = tiled(t, 0, v_dim)
+        elif ".in_proj_b." in name or ".in_proj_a." in name:
+            t = tiled(t, 0, 1)
+        elif name.endswith((".A_log", ".dt_bias")):
+            t = tiled(t.unsqueeze(-1), 0, 1).squeeze(-1)
+        elif ".conv1d" in name:
+            t = t.squeeze()
+            t = torch.cat([t[:2 * k_heads * k_dim], tiled(t[2 * k_heads * k_dim:], 0, v_dim)])
+        elif ".out_proj." in name:
+            t = tiled(t, 1, v_dim)
+    if name.endswith(".A_log"):
+        t = -torch.exp(t)
+    elif name.endswith(".dt_bias"):
+        name = name.removesuffix(".dt_bias") + ".dt_proj.bias"
+    elif "conv1d" in name:
+        t = t.squeeze()
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        t = t + 1
+    yield name, t
+
+
 # ---------------------------------------------------------------- generated tensors
 
 def _llama3_rope_freqs(h) -> Iterator[tuple[str, torch.Tensor]]:
@@ -521,6 +578,8 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "gpt_oss": Arch("gpt-oss", _gpt_oss, modify=_gpt_oss_tensors),
     "lfm2": Arch("lfm2", _lfm2, modify=_lfm2_tensors),
     "deepseek_v3": Arch("deepseek2", _deepseek2, modify=_deepseek2_tensors),
+    "qwen3_5_text": Arch("qwen35", _qwen35, modify=_qwen35_tensors),
+    "qwen3_5_moe_text": Arch("qwen35moe", _qwen35, modify=_qwen35_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",
@@ -631,8 +690,9 @@ def _to_file_type(new_name: str, data: np.ndarray, qtype: gguf.GGMLQuantizationT
     MoE experts' matrices (*_exps.weight) where it differs (gpt-oss's MXFP4)."""
     if experts is not None and new_name.endswith("_exps.weight"):
         return gguf.quants.quantize(data, experts), experts
-    # the MoE router, and LFM2's and Mamba's convolutions (ggml's takes F32)
-    kept = ".ffn_gate_inp." in new_name or ".shortconv.conv." in new_name or ".ssm_conv1d." in new_name
+    # the MoE router (and Qwen3.5-MoE's shared expert's gate), and LFM2's and Mamba's convolutions
+    # (ggml's takes F32)
+    kept = any(k in new_name for k in (".ffn_gate_inp.", ".ffn_gate_inp_shexp.", ".shortconv.conv.", ".ssm_conv1d."))
     if data.ndim <= 1 or new_name.endswith("_norm.weight") or not new_name.endswith(".weight") or kept:
         qtype = gguf.GGMLQuantizationType.F32
     try:

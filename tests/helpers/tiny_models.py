@@ -120,7 +120,7 @@ _QWEN3_5 = dict(num_hidden_layers=4,
                 linear_conv_kernel_dim=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                            "partial_rotary_factor": 0.25})
 _QWEN3_5_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                        shared_expert_intermediate_size=48)
+                        shared_expert_intermediate_size=64)   # (a Q8_0 row)
 
 
 # name -> config; the model is AutoModelForCausalLM's for it (mistral3: the conditional-generation

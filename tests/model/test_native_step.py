@@ -36,7 +36,11 @@ from helpers.tiny_models import ARCHITECTURES, VOCAB, build
 pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
                                 reason="the native step needs this CPU's build of the kernels (AVX2)")
 
-#: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF)
+#: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF);
+#: Qwen3.5's Q8_0 blocks on the torch step differ from their float32 dequantization by up to 0.3 in
+#: log-probability on its tiny random row (0.03-0.08 for Granite 4.0-H's or Qwen3's: its gated
+#: attention and DeltaNet amplify the 8-bit activations), past the 0.15 below;
+#: test_architectures checks its files against transformers and test_hybrid_models runs one
 NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1",
            "falcon_h1_norm"}
 #: what the native step refuses by name (the torch step runs them)

@@ -66,7 +66,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .hybrid_readers import falcon_h1_hf, granite_mamba, lfm2_gguf, lfm2_hf, nemotron_h_hf, qwen3_5_hf
+from .hybrid_readers import (falcon_h1_hf, granite_mamba, lfm2_gguf, lfm2_hf, nemotron_h_hf, qwen3_5_hf,
+                             qwen35_gguf)
 from .layer_kinds import Activation, MambaConfig, NormKind, NormPlacement, QkNorm, UngatedActivation, check_feature
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
                           gpt_oss_hf, granite_moe, qwen3_moe_gguf, qwen3_moe_hf)
@@ -251,6 +252,13 @@ def _gemma_gguf(get, base: dict) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the table
 
+#: llama.cpp's qwen35 names: the MLP's input norm is its "post_attention_norm" (as GLM's), and the
+#: DeltaNet's q|k|v, convolution, norm, parameters and output take the names of phi3's fused
+#: attention and of Mamba-2's tensors (gguf_loader's)
+_QWEN35_GGUF_ROLES = (("attn_post_norm", "mlp_norm"), ("self_attn.qkv_proj", "delta_in_qkv"),
+                      ("mamba_conv", "delta_conv"), ("mamba_norm", "delta_norm"), ("mamba", "linear_attn"),
+                      ("mamba_out_proj", "delta_out_proj"))
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", ("LlamaForCausalLM",), ("llama",), gguf_permuted_qk=True),
     Architecture("mistral", ("MistralForCausalLM", "Mistral3ForConditionalGeneration"), ("mistral3",),
@@ -285,8 +293,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("deepseek_v3", ("DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"), ("deepseek2",), output_bias=False,
                  read_hf=deepseek_v3_hf, read_gguf=deepseek2_gguf),
     Architecture("qwen3_5_text", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-                                  "Qwen3_5MoeForConditionalGeneration"), qk_norm="head",
-                 norm_offset=1.0, attention_gate=True, read_hf=qwen3_5_hf),
+                                  "Qwen3_5MoeForConditionalGeneration"), ("qwen35", "qwen35moe"), qk_norm="head",
+                 norm_offset=1.0, attention_gate=True, gguf_roles=_QWEN35_GGUF_ROLES,
+                 read_hf=qwen3_5_hf, read_gguf=qwen35_gguf),
     # Qwen3.5's layers with Qwen3-Next's projections (Gated DeltaNet's grouped by key head)
     Architecture("qwen3_next", ("Qwen3NextForCausalLM",), qk_norm="head", norm_offset=1.0, attention_gate=True,
                  read_hf=qwen3_5_hf),

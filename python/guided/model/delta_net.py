@@ -55,8 +55,9 @@ class DeltaNet(nn.Module):
         mixed = F.silu(paged_conv(qkv, self.conv.weight, None, cache, slots, previous)).float()
         q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
         t, group = q.shape[0], d.v_heads // d.k_heads
-        q = F.normalize(q.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6).repeat_interleave(group, dim=1)
-        k = F.normalize(k.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6).repeat_interleave(group, dim=1)
+        q, k = (F.normalize(x.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6) for x in (q, k))
+        # each value head's key head: in groups (the checkpoints' order) or tiled (llama.cpp's)
+        q, k = (x.repeat(1, group, 1) if d.tiled else x.repeat_interleave(group, dim=1) for x in (q, k))
         beta = torch.sigmoid(b.float())
         g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
         o = self._scan(q * d.k_dim ** -0.5, k, v.view(t, d.v_heads, d.v_dim), beta, g, states)

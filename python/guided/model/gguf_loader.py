@@ -36,7 +36,10 @@ _SSM = {"ssm_in.weight": "mamba_in_proj.weight", "ssm_out.weight": "mamba_out_pr
         "ssm_in.bias": "mamba_in_proj.bias", "ssm_out.bias": "mamba_out_proj.bias",
         "ssm_conv1d.weight": "mamba_conv.weight", "ssm_conv1d.bias": "mamba_conv.bias",
         "ssm_norm.weight": "mamba_norm.weight", "ssm_dt.bias": "mamba.dt_bias", "ssm_a": "mamba.A_log",
-        "ssm_d": "mamba.D"}
+        "ssm_d": "mamba.D",
+        # Qwen3.5's Gated DeltaNet besides (its other tensors by the names above: the row's gguf_roles)
+        "attn_gate.weight": "delta_in_z.weight", "ssm_beta.weight": "delta_in_b.weight",
+        "ssm_alpha.weight": "delta_in_a.weight"}
 
 
 # a mixture-of-experts MLP's tensors, whole names by llama.cpp's name and suffix (weights.WeightSink._add_moe)
@@ -47,7 +50,8 @@ _MOE = {"ffn_gate_inp.weight": "moe.router.weight", "ffn_gate_inp.bias": "moe.ro
         "ffn_gate_exps.bias": "moe.gate_exps_bias", "ffn_up_exps.bias": "moe.up_exps_bias",
         "ffn_down_exps.bias": "moe.down_bias",
         "ffn_gate_shexp.weight": "moe.shared.gate_proj.weight", "ffn_up_shexp.weight": "moe.shared.up_proj.weight",
-        "ffn_down_shexp.weight": "moe.shared.down_proj.weight"}
+        "ffn_down_shexp.weight": "moe.shared.down_proj.weight",
+        "ffn_gate_inp_shexp.weight": "moe.shared_gate"}     # Qwen3.5-MoE's σ gate of the shared expert
 
 
 def our_name(gguf_name: str) -> str | None:
@@ -164,8 +168,11 @@ def _kv_b(sink: WeightSink, halves: dict, name: str, w: torch.Tensor) -> None:
 
 def _as_ours(name: str, w: torch.Tensor) -> torch.Tensor:
     """llama.cpp's Mamba-2 tensors as the HF ones: A = −exp(A_log) [heads, 1] back to A_log, D
-    [heads, 1] and the norm [groups, inner / groups] flat."""
-    if name.endswith("mamba.A_log"):
+    [heads, 1] and the norm [groups, inner / groups] flat (the Gated DeltaNet's A likewise); a
+    shared expert's gate as its [1, hidden] linear."""
+    if name.endswith("moe.shared_gate"):
+        return w.reshape(1, -1)
+    if name.endswith(("mamba.A_log", "linear_attn.A_log")):
         return torch.log(-w).flatten()
     if name.endswith(("mamba.D", "mamba_norm.weight")):
         return w.flatten()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .layer_kinds import DeltaNetConfig, MambaConfig
+from .layer_kinds import DeltaNetConfig, MambaConfig, MoEConfig
 from .moe_readers import qwen3_moe_hf
 
 
@@ -76,6 +76,30 @@ def qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
         moe = qwen3_moe_hf({**cfg, "norm_topk_prob": cfg.get("norm_topk_prob") is not False}, base)["moe"]
         out["moe"] = replace(moe, shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
                              shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")))
+    return out
+
+
+def qwen35_gguf(get, base: dict) -> dict[str, Any]:
+    """llama.cpp's qwen35 and qwen35moe: the Gated DeltaNet's sizes in its ssm keys (the key heads as
+    groups, k_dim as the state size, the value heads as the time-step rank), its value heads tiled
+    (the converter reorders them), the recurrent layers listed or every full_attention_interval-th
+    layer attending; multi-token-prediction layers after the last (not run)."""
+    n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
+    recurrent = get("attention.recurrent_layers")
+    if recurrent is None:
+        interval = int(get("full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(n)]
+    types = tuple("delta" if r else "full" for r in recurrent[:n])
+    v_heads = int(get("ssm.time_step_rank"))
+    delta = DeltaNetConfig(int(get("ssm.group_count")), v_heads, int(get("ssm.state_size")),
+                           int(get("ssm.inner_size")) // v_heads, int(get("ssm.conv_kernel")), tiled=True)
+    out = {"num_layers": n, "layer_types": types, "delta": delta,
+           "rope_layers": tuple(None if t == "delta" else "global" for t in types)}
+    if get("expert_count"):
+        shared = int(get("expert_shared_feed_forward_length", 0))
+        out["moe"] = MoEConfig(int(get("expert_count")), int(get("expert_used_count")),
+                               int(get("expert_feed_forward_length")), shared_intermediate_size=shared,
+                               shared_expert_gate=bool(shared), dense_layers=(False,) * n)
     return out
 
 

@@ -119,6 +119,9 @@ class DeltaNetConfig:
     k_dim: int
     v_dim: int
     conv_kernel: int
+    #: value head j reads key head j mod k_heads (llama.cpp's qwen35 files, reordered for ggml's
+    #: broadcast), not j // (v_heads / k_heads) (the checkpoints' order)
+    tiled: bool = False
 
     @property
     def key_dim(self) -> int:
