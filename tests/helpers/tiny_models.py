@@ -189,6 +189,14 @@ ARCHITECTURES: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     "nemotron_h": lambda: transformers.NemotronHConfig(**_tiny(num_hidden_layers=None, tie_word_embeddings=False,
         layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"],
         mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, intermediate_size=96)),
+    # Nemotron 3 Nano's blocks: Mamba-2, attention and experts ("E": relu² experts without a gate,
+    # DeepSeek V3's grouped σ router with its selection bias, one shared expert)
+    "nemotron_h_moe": lambda: transformers.NemotronHConfig(**_tiny(num_hidden_layers=None,
+        tie_word_embeddings=False, layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention",
+                                                      "moe"],
+        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5)),
     # Falcon-H1: attention and Mamba-2 side by side in every layer, with µP multipliers everywhere
     # (each different from 1, so a multiplier folded into the wrong weight shows), no mixer norm
     "falcon_h1": lambda: transformers.FalconH1Config(**_tiny(tie_word_embeddings=False, num_hidden_layers=3,

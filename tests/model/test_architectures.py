@@ -58,6 +58,7 @@ NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window"
            "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
            "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors",
            "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors",
+           "nemotron_h_moe": "no reader yet for llama.cpp's nemotron_h_moe tensors",
            "falcon_h1": "no reader yet for llama.cpp's falcon-h1 tensors",
            "falcon_h1_norm": "no reader yet for llama.cpp's falcon-h1 tensors"}
 

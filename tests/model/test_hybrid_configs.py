@@ -114,10 +114,20 @@ def qwen3_5(draw, kind: str):
 @st.composite
 def nemotron_h(draw):
     n = draw(st.integers(2, 5))
-    types = draw(st.lists(st.sampled_from(["linear_attention", "mlp", "full_attention"]), min_size=n, max_size=n))
+    types = draw(st.lists(st.sampled_from(["linear_attention", "mlp", "full_attention", "moe"]), min_size=n,
+                          max_size=n))
     types[draw(st.integers(0, n - 1))] = "full_attention"
     groups = draw(st.sampled_from([1, 2]))
-    return transformers.NemotronHConfig(
+    # Nemotron 3's experts: grouped σ routing, a shared expert, a latent or none
+    experts, routing_groups = draw(st.sampled_from([4, 8])), draw(st.sampled_from([1, 2]))
+    chosen = draw(st.integers(1, routing_groups))
+    moe = dict(n_routed_experts=experts, n_group=routing_groups, topk_group=chosen,
+               num_experts_per_tok=draw(st.integers(1, min(2, chosen * experts // routing_groups))),
+               moe_intermediate_size=draw(st.sampled_from([16, 32])),
+               moe_shared_expert_intermediate_size=draw(st.sampled_from([32, 64])),
+               moe_latent_size=draw(st.sampled_from([None, 32])), norm_topk_prob=draw(st.booleans()),
+               routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])))
+    return transformers.NemotronHConfig(**moe,
         **_common(draw, 64), num_hidden_layers=None, head_dim=draw(st.sampled_from([16, 32])), layers_block_type=types,
         intermediate_size=draw(st.sampled_from([64, 96])), mamba_num_heads=groups * draw(st.sampled_from([2, 4])),
         mamba_head_dim=draw(st.sampled_from([8, 16])), ssm_state_size=draw(st.sampled_from([8, 16])),
@@ -127,7 +137,7 @@ def nemotron_h(draw):
 
 
 #: Nemotron-H's block characters in the Hub configs' hybrid_override_pattern
-_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 
 
 def _hub_spelling(directory: str, saved: dict) -> None:

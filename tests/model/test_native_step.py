@@ -41,13 +41,13 @@ pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
 #: log-probability on its tiny random row (0.03-0.08 for Granite 4.0-H's or Qwen3's: its gated
 #: attention and DeltaNet amplify the 8-bit activations), past the 0.15 below;
 #: test_architectures checks its files against transformers and test_hybrid_models runs one
-NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1",
+NO_GGUF = {"mistral_swa", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "nemotron_h_moe", "falcon_h1",
            "falcon_h1_norm"}
 #: what the native step refuses by name (the torch step runs them)
 NOT_NATIVE = {"deepseek_v3": "latent attention", "glm4_moe_lite": "latent attention",
               "granitemoehybrid_mamba": "recurrent layers", "granitemoehybrid_moe": "recurrent layers",
               "qwen3_5": "recurrent layers", "qwen3_5_moe": "recurrent layers", "qwen3_next": "recurrent layers",
-              "nemotron_h": "recurrent layers", "falcon_h1": "recurrent layers", "falcon_h1_norm": "recurrent layers"}
+              "nemotron_h": "recurrent layers", "nemotron_h_moe": "recurrent layers", "falcon_h1": "recurrent layers", "falcon_h1_norm": "recurrent layers"}
 GREEDY = SamplingParams(temperature=0, max_tokens=16, logprobs=5, ignore_eos=True)
 
 

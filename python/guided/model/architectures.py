@@ -55,10 +55,11 @@ snapshots of it serving the prefix cache (model/state_pool.py). A row with a
 ``latent`` config (DeepSeek V3, Kimi K2, GLM-4.7-Flash) attends with
 multi-head latent attention (model/latent_attention.py). Nemotron-H's blocks
 are one sublayer each (``one_sublayer``): Mamba-2, attention without rotation,
-or a relu² MLP. Falcon-H1's layers are "hybrid": attention and a Mamba-2 mixer side
-by side on the layer's normed input, their outputs summed, its µP multipliers folded
-into the weights at load (ModelConfig.weight_scales). Out of scope: Nemotron-H's
-expert layers ("linear" layers of other architectures are refused).
+a relu² MLP, or (Nemotron 3's "E" blocks) experts without a gate. Falcon-H1's
+layers are "hybrid": attention and a Mamba-2 mixer side by side on the layer's
+normed input, their outputs summed, its µP multipliers folded into the weights
+at load (ModelConfig.weight_scales). "linear" layers of other architectures are
+refused.
 """
 from __future__ import annotations
 

@@ -77,6 +77,8 @@ class ModelConfig:
             raise ValueError(f"{self.architecture}: linear-attention / recurrent layers are not supported "
                              f"for this architecture (guided runs those of Granite 4.0-H, Nemotron-H, Falcon-H1, "
                              f"Qwen3.5, Qwen3-Next and LFM2)")
+        if unknown := sorted(set(self.layer_types) - set(LAYER_KINDS)):
+            raise ValueError(f"{self.architecture}: layers of kind {', '.join(unknown)} are not supported here")
         if {"mamba", "hybrid"} & set(self.layer_types) and self.mamba is None or \
                 "delta" in self.layer_types and self.delta is None:
             raise ValueError(f"{self.architecture}: recurrent layers without their mixer's numbers")
@@ -228,8 +230,11 @@ _LAYER_TYPES = {"full_attention": "full", "attention": "full", "sliding_attentio
                 # recurrent: Granite 4's "mamba" (transformers 5 says "linear_attention"), which the
                 # architecture's reader takes as Mamba-2 layers where it has them
                 "mamba": "linear", "linear_attention": "linear",
-                # an MLP alone (Nemotron-H's blocks; architectures whose layers are one sublayer each)
-                "mlp": "mlp"}
+                # an MLP alone (Nemotron-H's blocks; architectures whose layers are one sublayer each),
+                # or experts alone (Nemotron 3's: its reader makes them MLP layers with experts)
+                "mlp": "mlp", "moe": "moe"}
+#: the layer kinds a ModelConfig holds (after its architecture's reader)
+LAYER_KINDS = ("full", "sliding", "conv", "mamba", "delta", "hybrid", "mlp")
 
 
 def _partial_rotary(cfg: dict) -> float:

@@ -134,10 +134,13 @@ _MOE = {
     "router": lambda rest: ["router"] + rest,                                  # gpt-oss (with a bias)
     "experts": lambda rest: ["experts"] + rest if rest[0].isdigit() else {
         "gate_up_proj": ["gate_up"], "down_proj": ["down"],                     # transformers 5 stacks them
+        "up_proj": ["gate_up"],                                                  # (Nemotron-H's: up alone)
         "gate_up_proj_bias": ["gate_up_bias"], "down_proj_bias": ["down_bias"]}[rest[0]],
     "shared_experts": lambda rest: ["shared"] + rest,
     "shared_expert": lambda rest: ["shared"] + rest,
     "shared_expert_gate": lambda rest: ["shared_gate"],                      # Qwen3-Next, Qwen3.5-MoE
+    "fc1_latent_proj": lambda rest: ["latent_in"] + rest,                    # Nemotron 3's latent
+    "fc2_latent_proj": lambda rest: ["latent_out"] + rest,
 }
 #: Granite's experts (after "block_sparse_moe."), as the Hub's checkpoints name them and as
 #: transformers 5 holds them
@@ -159,7 +162,7 @@ def _our_name(name: str, arch: Architecture) -> str | None:
     if parts[0] == "layers" and parts[-1] == "sinks":       # gpt-oss's self_attn.sinks
         return f"layers.{parts[1]}.sinks"
     if parts[0] == "layers" and len(parts) > 3:
-        if parts[2] == "mlp" and parts[3] in _MOE:
+        if parts[2] in ("mlp", "mixer") and parts[3] in _MOE:   # (Nemotron-H's blocks: "mixer")
             return ".".join(parts[:2] + ["moe"] + _MOE[parts[3]](parts[4:]))
         if parts[2] == "block_sparse_moe" and ".".join(parts[3:]) in _GRANITE_MOE:
             return f"layers.{parts[1]}.moe.{_GRANITE_MOE['.'.join(parts[3:])]}"

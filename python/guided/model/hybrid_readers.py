@@ -112,16 +112,29 @@ def nemotron_h_hf(cfg: dict, base: dict) -> dict[str, Any]:
     pattern = cfg.get("hybrid_override_pattern")
     types = tuple(_NEMOTRON_BLOCKS[ch] for ch in pattern) if pattern else \
         tuple("mamba" if t == "linear" else t for t in base.get("layer_types") or ())
-    if "moe" in types:
-        raise ValueError("nemotron_h: expert layers (Nemotron 3's \"E\" blocks) are not supported yet")
     mamba = MambaConfig(int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg["ssm_state_size"]),
                         int(cfg.get("n_groups", 1)), int(cfg.get("conv_kernel", 4)),
                         bool(cfg.get("use_conv_bias", True)), bool(cfg.get("use_bias", False)),
                         # dt floored at time_step_min, no upper limit: transformers' chunked scan (its
                         # prefill) does so, its one-token update not; here every step does
                         float(cfg.get("time_step_min", 0.0)), float("inf"))
+    # Nemotron 3's expert blocks ("E"): MLP blocks whose MLP is experts without a gate (relu², as the
+    # MLP's), DeepSeek V3's router (σ scores, a selection bias, groups), one shared expert beside
+    moe = None
+    if "moe" in types:
+        latent = int(cfg.get("moe_latent_size") or 0)
+        moe = MoEConfig(int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]),
+                        int(cfg["moe_intermediate_size"]), scoring="sigmoid",
+                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                        routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
+                        num_groups=int(cfg.get("n_group", 1)), topk_groups=int(cfg.get("topk_group", 1)),
+                        shared_intermediate_size=int(cfg.get("moe_shared_expert_intermediate_size") or 0),
+                        dense_layers=tuple(t != "moe" for t in types), ungated=True, latent_size=latent,
+                        latent_bias=bool(cfg.get("mlp_bias", False)) and bool(latent),
+                        shared_bias=bool(cfg.get("mlp_bias", False)))
     # transformers' attention has no biases whatever attention_bias says (use_bias is the mixer's)
-    return {"layer_types": types, "num_layers": len(types), "mamba": mamba, "rope_layers": (None,) * len(types),
+    return {"layer_types": tuple("mlp" if t == "moe" else t for t in types), "num_layers": len(types),
+            "mamba": mamba, "moe": moe, "rope_layers": (None,) * len(types),
             "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5)), "attention_bias": False,
             "output_bias": False, "mlp_bias": bool(cfg.get("mlp_bias", False))}
 

@@ -58,6 +58,14 @@ class MoEConfig:
     dense_layers: tuple[bool, ...] = ()
     router_linear_bias: bool = False   # the router's linear layer has a bias (gpt-oss)
     expert_bias: bool = False          # each expert's gate|up and down have biases (gpt-oss)
+    #: the experts (and the shared one) have no gate: down(f(up(x))) (Nemotron-H's, with relu²)
+    ungated: bool = False
+    #: the experts work in a latent of this width, projected in and out around them (0: none;
+    #: Nemotron 3's moe_latent_size); the projections have biases where `latent_bias`
+    latent_size: int = 0
+    latent_bias: bool = False
+    #: the shared expert's projections have biases (Nemotron-H's with mlp_bias)
+    shared_bias: bool = False
 
     def __post_init__(self):
         check_feature("scoring", self.scoring, Scoring)

@@ -1,8 +1,11 @@
-"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6, gpt-oss, Granite, Qwen3-Next and Qwen3.5-MoE).
+"""The mixture-of-experts MLP (Qwen3-MoE, GLM-4.5/4.6, gpt-oss, Granite, Qwen3-Next, Qwen3.5-MoE
+and Nemotron-H).
 
 A router scores every expert for every token and keeps the top k; each
-expert is a gated MLP (with biases in gpt-oss). The experts' weights are
-held stacked ([E, 2I, H] for gate|up, [E, H, I] for down), the (token,
+expert is a gated MLP (with biases in gpt-oss; without a gate in Nemotron-H,
+whose experts may also work in a latent projected in and out around them).
+The experts' weights are held stacked ([E, 2I, H] for gate|up, or [E, I, H]
+for up alone, [E, H, I] for down), the (token,
 expert) pairs of a step are sorted by expert, and each expert that got any
 runs one matmul over all its rows: a loop over the experts a step uses,
 never over tokens.
@@ -22,7 +25,7 @@ def _meta(*shape: int) -> nn.Parameter:
 
 class MoE(nn.Module):
     def __init__(self, m: MoEConfig, hidden: int, glu):
-        """`glu`: the experts' f(gate, up)."""
+        """`glu`: the experts' f(gate, up), or f(up) where they have no gate (`m.ungated`)."""
         super().__init__()
         self.config, self.glu = m, glu
         self.router = nn.Linear(hidden, m.num_experts, bias=m.router_linear_bias,
@@ -30,14 +33,23 @@ class MoE(nn.Module):
         if m.scoring == "sigmoid":
             # GLM: added to the scores when choosing experts, not when weighting them
             self.router_bias = _meta(m.num_experts)
-        self.gate_up = _meta(m.num_experts, 2 * m.intermediate_size, hidden)
-        self.down = _meta(m.num_experts, hidden, m.intermediate_size)
+        #: the first projection's rows per unit of width: gate and up, or up alone
+        rows = 1 if m.ungated else 2
+        width = m.latent_size or hidden
+        if m.latent_size:
+            self.latent_in = nn.Linear(hidden, width, bias=m.latent_bias, device="meta").requires_grad_(False)
+            self.latent_out = nn.Linear(width, hidden, bias=m.latent_bias, device="meta").requires_grad_(False)
+        self.gate_up = _meta(m.num_experts, rows * m.intermediate_size, width)
+        self.down = _meta(m.num_experts, width, m.intermediate_size)
         if m.expert_bias:
             self.gate_up_bias = _meta(m.num_experts, 2 * m.intermediate_size)
             self.down_bias = _meta(m.num_experts, hidden)
         if m.shared_intermediate_size:
-            self.shared_gate_up = _meta(2 * m.shared_intermediate_size, hidden)
+            self.shared_gate_up = _meta(rows * m.shared_intermediate_size, hidden)
             self.shared_down = _meta(hidden, m.shared_intermediate_size)
+            if m.shared_bias:
+                self.shared_gate_up_bias = _meta(rows * m.shared_intermediate_size)
+                self.shared_down_bias = _meta(hidden)
         if m.shared_expert_gate:
             self.shared_gate = _meta(1, hidden)
 
@@ -47,15 +59,19 @@ class MoE(nn.Module):
         del self.gate_up, self.down
         self.gate_up_q, self.down_q = nn.ModuleList(gate_up), nn.ModuleList(down)
 
+    def _act(self, h: torch.Tensor) -> torch.Tensor:
+        """f of the first projection's output (gate|up, or up alone)."""
+        return self.glu(h) if self.config.ungated else self.glu(*h.chunk(2, dim=-1))
+
     def _expert(self, e: int, rows: torch.Tensor) -> torch.Tensor:
         bias = self.config.expert_bias
         if hasattr(self, "gate_up_q"):
             gate_up = self.gate_up_q[e](rows)
             gate_up = gate_up + self.gate_up_bias[e] if bias else gate_up
-            out = self.down_q[e](self.glu(*gate_up.chunk(2, dim=-1)))
+            out = self.down_q[e](self._act(gate_up))
             return out + self.down_bias[e] if bias else out
         gate_up = F.linear(rows, self.gate_up[e], self.gate_up_bias[e] if bias else None)
-        return F.linear(self.glu(*gate_up.chunk(2, dim=-1)), self.down[e], self.down_bias[e] if bias else None)
+        return F.linear(self._act(gate_up), self.down[e], self.down_bias[e] if bias else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's experts [T, k] and their weights [T, k] (x's dtype)."""
@@ -86,7 +102,8 @@ class MoE(nn.Module):
         order = experts.view(-1).argsort(stable=True)
         counts = torch.bincount(experts.view(-1), minlength=self.config.num_experts).tolist()
         tokens = order // k
-        rows = x.index_select(0, tokens)
+        inner = self.latent_in(x) if self.config.latent_size else x
+        rows = inner.index_select(0, tokens)
         out = torch.empty_like(rows)
         start = 0
         for e, n in enumerate(counts):
@@ -94,10 +111,12 @@ class MoE(nn.Module):
                 out[start:start + n] = self._expert(e, rows[start:start + n])
                 start += n
         out *= weights.view(-1).index_select(0, order)[:, None]
-        y = torch.zeros_like(x).index_add_(0, tokens, out)
+        y = torch.zeros_like(inner).index_add_(0, tokens, out)
+        if self.config.latent_size:
+            y = self.latent_out(y)
         if self.config.shared_intermediate_size:
-            gate, up = F.linear(x, self.shared_gate_up).chunk(2, dim=-1)
-            shared = F.linear(self.glu(gate, up), self.shared_down)
+            biases = (self.shared_gate_up_bias, self.shared_down_bias) if self.config.shared_bias else (None, None)
+            shared = F.linear(self._act(F.linear(x, self.shared_gate_up, biases[0])), self.shared_down, biases[1])
             if self.config.shared_expert_gate:
                 shared = shared * F.linear(x, self.shared_gate).sigmoid()
             y = y + shared

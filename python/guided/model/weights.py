@@ -113,10 +113,8 @@ class WeightSink:
         name = f"{prefix}.moe.{'.'.join(rest)}"
         if rest[0] == "experts":
             self._experts.setdefault(prefix, {})[rest[2], int(rest[1])] = tensor
-        elif rest[0] == "shared" and rest[1] in self._GATE_UP:
-            self._collect(f"{prefix}.moe.shared_gate_up", self._GATE_UP, rest[1], tensor)
         elif rest[0] == "shared":
-            self.state[f"{prefix}.moe.shared_down"] = tensor
+            self._add_shared(prefix, rest[1], rest[-1], tensor)
         elif rest[0] in ("gate_exps", "up_exps"):
             self._collect(f"{prefix}.moe.gate_up", ("gate_exps", "up_exps"), rest[0], tensor, dim=1)
         elif rest[0] in ("gate_exps_bias", "up_exps_bias"):
@@ -126,15 +124,27 @@ class WeightSink:
         else:
             self.state[name] = tensor
 
+    def _add_shared(self, prefix: str, module: str, kind: str, tensor) -> None:
+        """A shared expert's gate_proj, up_proj or down_proj weight or bias, as MoE holds them:
+        `shared_gate_up` (gate|up, or up alone where the experts have no gate), `shared_down`,
+        their `_bias`es."""
+        suffix = "_bias" if kind == "bias" else ""
+        if module == "down_proj":
+            self.state[f"{prefix}.moe.shared_down{suffix}"] = tensor
+        elif self.config.moe.ungated:
+            self.state[f"{prefix}.moe.shared_gate_up{suffix}"] = tensor
+        else:
+            self._collect(f"{prefix}.moe.shared_gate_up{suffix}", self._GATE_UP, module, tensor)
+
     def _stack_experts(self) -> None:
         for prefix, parts in self._experts.items():
             n = 1 + max(e for _, e in parts)
+            kinds = ("up_proj", "down_proj") if self.config.moe.ungated else ("gate_proj", "up_proj", "down_proj")
             try:
-                stacked = {kind: torch.stack([parts[kind, e] for e in range(n)])
-                           for kind in ("gate_proj", "up_proj", "down_proj")}
+                stacked = {kind: torch.stack([parts[kind, e] for e in range(n)]) for kind in kinds}
             except KeyError as missing:
                 raise ValueError(f"{prefix}: expert weight {missing} is missing") from None
-            self.state[f"{prefix}.moe.gate_up"] = torch.cat([stacked["gate_proj"], stacked["up_proj"]], dim=1)
+            self.state[f"{prefix}.moe.gate_up"] = torch.cat([stacked[k] for k in kinds[:-1]], dim=1)
             self.state[f"{prefix}.moe.down"] = stacked["down_proj"]
         self._experts.clear()
 
