@@ -1,17 +1,18 @@
 """Hybrid models through the engine, each as its family ships it (issue 53).
 
-Three tiny random models over the default model's byte-level vocabulary with
+Tiny random models over the default model's byte-level vocabulary with
 their family's markers and template (helpers/family_model.py):
 
 - LFM2 (three gated short-convolution layers and one attention layer), as
   the GGUF llama.cpp's converter writes, on the native CPU step (its Q8_0
   blocks). Its convolutions keep each token's input in the paged cache
   (model/short_conv.py), so the prefix cache and speculation hold for it;
-- Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation)
-  Qwen3.5 (three Gated DeltaNet layers and one gated attention layer,
-  with the Qwen3 family's template) and Nemotron-H (Nemotron Nano 2's
-  template; Mamba-2, MLP-only and attention blocks), as HF directories, on
-  the torch step.
+- Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation),
+  Nemotron-H (Nemotron Nano 2's template; Mamba-2, MLP-only and attention
+  blocks) and Falcon-H1 (attention and Mamba-2 side by side in each layer,
+  under Qwen2.5's ChatML template with Hermes calls), as HF directories, and
+  Qwen3.5 (three Gated DeltaNet layers and one gated attention layer, with
+  the Qwen3 family's template) as llama.cpp's qwen35 GGUF, on the torch step.
   Their recurrent state lives in a slot per sequence (model/state_pool.py):
   the prefix cache serves it from snapshots of the state at block
   boundaries, and speculative decoding, whose refused drafts no state can
@@ -24,7 +25,7 @@ What a user of a hybrid model notices:
   gives the tokens an engine without the cache gives;
 - a JSON-schema answer validates, at every budget;
 - speculative decoding gives every turn the tokens it gave without (LFM2),
-  or is refused by name at the request (Granite 4.0-H, Qwen3.5, Nemotron-H);
+  or is refused by name at the request (Granite 4.0-H, Qwen3.5, Nemotron-H, Falcon-H1);
 - a KV pool too small for the batch preempts sequences, every answer is the
   roomy engine's, and the blocks and state slots all come back.
 """
@@ -51,7 +52,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), "lfm2", False, {}),
            "granite": (("mamba", "mamba", "full", "mamba"), "granite", True, {"dtype": "float32"}),
            "qwen3": (("delta", "delta", "full", "delta"), "hermes", False, {}),   # llama.cpp's qwen35 file
-           "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"})}
+           "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"}),
+           "qwen2.5": (("hybrid",) * 3, "hermes", True, {"dtype": "float32"})}   # Falcon-H1
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))

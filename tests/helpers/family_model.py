@@ -24,7 +24,9 @@ from .tiny_models import ARCHITECTURES, randomise
 CONTEXT = 2048
 #: family → its architecture's tiny_models row
 ARCHITECTURE = {"gpt-oss": "gpt_oss", "lfm2": "lfm2", "granite": "granitemoehybrid_mamba", "qwen3": "qwen3_5",
-                "nemotron-nano": "nemotron_h"}
+                "nemotron-nano": "nemotron_h",
+                # Falcon-H1 (attention and Mamba-2 side by side) under a ChatML template with Hermes calls
+                "qwen2.5": "falcon_h1"}
 
 
 def family_gguf(family_name: str, default_gguf: str, root: Path, qtype: str = "Q8_0") -> str:
