@@ -26,10 +26,6 @@ from .step_cost import StepCost
 from .tokenizer import IncrementalDetokenizer, SpecialTokens, TokenizerWrapper, token_bytes
 
 log = logging.getLogger("guided.engine")
-NO_DRAFTS_WITH_STATE = ("speculative=True: this model's recurrent layers keep a state per sequence that a "
-                        "refused draft would change; speculative decoding is not supported for it")
-
-
 class RequestGrammar(Protocol):
     """A request's grammar, composed where the request entered
     (``guided.grammar.ComposedGrammar``): llguidance TopLevelGrammar JSON
@@ -130,10 +126,9 @@ class Engine:
         self.max_model_len = config.model_len(loaded.config)
         self.runner = ModelRunner(loaded, config.block_size, config.kv_cache_tokens,
                                   config.max_num_seqs, self.max_model_len, config.cpu_step, config.cuda_graphs)
-        #: a state per sequence (Mamba-2, DeltaNet): prefix-cache hits only at its snapshots, no drafts
+        #: a state per sequence (Mamba-2, DeltaNet): prefix-cache hits only at its snapshots, a refused
+        #: draft rolled back to the state after the last token kept (StatePool.drafted)
         self.recurrent = self.runner.states is not None
-        if self.recurrent and config.speculative:
-            raise ValueError(NO_DRAFTS_WITH_STATE)
         if self.recurrent and config.enable_prefix_caching:
             log.info("prefix-cache hits for this model start at its state snapshots only (the block "
                      "boundary before an ended request's last token, and its prompt's)")
@@ -202,8 +197,6 @@ class Engine:
             raise ValueError("the prompt is empty: give at least one token")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {self.tokenizer.vocab_size})")
-        if self.recurrent and params.speculative:
-            raise ValueError(NO_DRAFTS_WITH_STATE)
         vocab = self.loaded.config.vocab_size
         if params.logit_bias and any(t >= vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")

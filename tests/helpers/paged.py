@@ -55,7 +55,7 @@ class PagedRunner:
             max_query_len=max(qlens), max_context_len=max(ctx), block_size=self.block_size,
             is_decode_only=all(q == 1 for q in qlens))
         plan = SimpleNamespace(query_start_loc=np.array(starts), positions=np.array(pos),
-                               seq_ids=np.array(list(chunks)))
+                               seq_ids=np.array(list(chunks)), sample_seq_ids=np.array(list(chunks)))
         states = self.states.step(plan) if self.states is not None else None
         return self.model(torch.tensor(ids), torch.tensor(pos), self.caches, attn, states)
 

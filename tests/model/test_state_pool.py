@@ -27,7 +27,8 @@ def plan(*rows: tuple[int, int, int]):
     """Sequences as (seq id, first position, rows)."""
     starts = np.cumsum([0] + [n for _, _, n in rows])
     positions = np.concatenate([np.arange(p, p + n) for _, p, n in rows])
-    return SimpleNamespace(query_start_loc=starts, positions=positions, seq_ids=np.array([s for s, _, _ in rows]))
+    return SimpleNamespace(query_start_loc=starts, positions=positions, seq_ids=np.array([s for s, _, _ in rows]),
+                           sample_seq_ids=np.array([s for s, _, _ in rows]))
 
 
 def test_a_sequence_keeps_its_slot_and_its_position_is_checked():
@@ -185,3 +186,43 @@ def test_where_a_prompt_parts_from_an_earlier_one_its_state_is_kept_for_the_next
     assert torch.all(pool.states[:, pool.slot_of[3]] == 5.0)
     # a prompt going on past its snapshot along the third's tokens marks where it parts from them
     assert pool.hit(4, prompts[2][:12] + [7] * 8) == 8 and pool.branch_at[4] == 12
+
+
+def test_refused_drafts_roll_the_state_back_to_the_last_token_kept():
+    """A verify step runs a token and two drafts; the next step starts after the token alone (both
+    drafts refused), or after the first draft: its state is the recurrence's over the tokens kept,
+    not over the refused ones; a copy at a boundary past the kept tokens is dropped."""
+    gen = torch.Generator().manual_seed(0)
+    mixer = Mamba2(MambaConfig(heads=4, head_dim=3, state_size=5, groups=2, conv_kernel=4), 0, 1e-5)
+    _random_parameters(mixer, gen)
+    rand = lambda n: (torch.randn(n, 4, 3, generator=gen), torch.rand(n, 4, generator=gen),  # noqa: E731
+                      torch.randn(n, 10, generator=gen), torch.randn(n, 10, generator=gen))
+    for kept in (0, 1):
+        pool = StatePool((4, 3, 5), layers=1, slots=1, device="cpu", block_size=4)
+        x, dt, b, c = rand(9)
+        mixer._scan(x[:6], dt[:6], b[:6], c[:6], pool.step(plan((1, 0, 6))))
+        verify = plan((1, 6, 3))
+        verify.sample_seq_ids = np.array([1, 1, 1])         # the token and its two drafts sampled
+        step = pool.step(verify)
+        assert step.capture_end.tolist() == [1]              # position 7 ends block 1: boundary 8
+        mixer._scan(x[6:9], dt[6:9], b[6:9], c[6:9], step)
+        nxt = pool.step(plan((1, 7 + kept, 1)))              # the next token after the last one kept
+        _, states = _mamba_reference(mixer, x[:7 + kept], dt[:7 + kept], b[:7 + kept], c[:7 + kept],
+                                     torch.zeros(4, 3, 5))
+        torch.testing.assert_close(pool.states[0, 0], states[-1], rtol=1e-5, atol=1e-5)
+        # the copy at boundary 8: with the first draft kept, the verify step's; without it, the
+        # next step's over the token written instead (never the refused draft's)
+        y = rand(1)
+        mixer._scan(*y, nxt)
+        tokens = [torch.cat([t[:7 + kept], n]) for t, n in zip((x, dt, b, c), y)]
+        _, states = _mamba_reference(mixer, *tokens, torch.zeros(4, 3, 5))
+        assert pool.end_at[0] == 8
+        torch.testing.assert_close(pool.at_end[0, 0], states[7], rtol=1e-5, atol=1e-5)
+    # a copy made past the tokens kept, which the next step does not reach again, is dropped
+    pool = StatePool((4, 3, 5), layers=1, slots=1, device="cpu", block_size=4)
+    pool.step(plan((1, 0, 5)))
+    verify = plan((1, 5, 4))
+    verify.sample_seq_ids = np.array([1, 1, 1, 1])
+    assert pool.step(verify).capture_end.tolist() == [2]    # after position 7: boundary 8
+    pool.step(plan((1, 6, 1)))                               # the token at 5 kept, none of its drafts
+    assert pool.end_at[0] == 0

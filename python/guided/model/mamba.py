@@ -17,14 +17,15 @@ What each part keeps between steps:
   a slot of the sequence's own (state_pool.py), copied at block boundaries
   into the snapshots that let the prefix cache serve later requests.
 
-So continuous batching, chunked prefill, preemption (by recompute) and the
-prefix cache (at snapshots) hold; a refused draft cannot be taken back out
-of S, so speculative decoding is refused for these models by name
-(engine.py).
+So continuous batching, chunked prefill, preemption (by recompute), the
+prefix cache (at snapshots) and speculative decoding (a verify step keeps S
+after each drafted row; refused drafts roll back to it) hold.
 
-The recurrence runs a segment at a time (the rows between two block
-boundaries, sequences side by side) in Mamba-2's chunked form; transformers'
-chunked scan gives the same values to float rounding.
+The recurrence runs a segment at a time (state_pool.Segment: rows between
+cuts at multiples of 64 positions and at copied states, sequences of equal
+segment lengths side by side) in Mamba-2's chunked form, a decoding row in the
+recurrence itself; transformers' chunked scan gives the same values to float
+rounding.
 """
 from __future__ import annotations
 

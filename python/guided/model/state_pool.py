@@ -114,6 +114,9 @@ class StatePool:
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.branch_at: dict[int, int] = {}
         self.branch_copies: dict[int, tuple[int, torch.Tensor, int]] = {}
+        #: per sequence sampled at several rows in the last step (drafts checked): the states after
+        #: each of those rows but the last, by the position they reach
+        self.drafted: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}
 
     @property
     def bytes_per_sequence(self) -> int:
@@ -146,6 +149,7 @@ class StatePool:
         and its tokens' blocks remembered."""
         self.prompt_boundary.pop(seq_id, None)
         self.branch_at.pop(seq_id, None)
+        self.drafted.pop(seq_id, None)
         branch = self.branch_copies.pop(seq_id, None)
         if (promised := self.promised.pop(seq_id, None)) is not None:
             self.pins[promised[1]] -= 1
@@ -176,8 +180,15 @@ class StatePool:
         ids = [int(s) for s in plan.seq_ids]
         slots = np.array([self._slot(s) for s in ids], dtype=np.int64)
         restored = np.zeros(len(ids), dtype=bool)
+        drafted = {s: self.drafted.pop(s) for s in ids if s in self.drafted}
         for i in np.flatnonzero((first != 0) & (self.reached[slots] != first)):
             at, key = self.promised.get(ids[i], (None, None))
+            if (copy := drafted.get(ids[i], {}).get(int(first[i]))) is not None:
+                # some of its drafts were refused: back to the state after the last one kept
+                self.states[:, slots[i]] = copy[0][:, copy[1]]
+                if self.end_at[slots[i]] > first[i]:   # a copy past the refused tokens
+                    self.end_at[slots[i]] = 0
+                continue
             if at != first[i]:
                 raise RuntimeError(f"sequence {ids[i]}'s recurrent state is at position "
                                    f"{int(self.reached[slots[i]])}, its step starts at {int(first[i])}")
@@ -193,7 +204,7 @@ class StatePool:
         capture_prompt = np.where((first < prompt) & (prompt <= end), prompt - first - 1, -1)
         self.prompt_at[slots] = np.where(capture_prompt >= 0, prompt, np.where(restart, 0, self.prompt_at[slots]))
         captures = [(capture_end, self.at_end, slots), (capture_prompt, self.at_prompt, slots),
-                    self._branch_captures(ids, first, end)]
+                    self._branch_captures(ids, first, end), *self._draft_captures(plan, ids, first, counts)]
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
         return StateStep(t(slots), t(starts), t(counts), t(first == 0), t(capture_end), t(capture_prompt),
                          self._segments(starts, counts, first, captures, t), self)
@@ -227,6 +238,25 @@ class StatePool:
         index[crossing] = np.arange(len(crossing))
         return rows, copies, index
 
+    def _draft_captures(self, plan, ids: list[int], first: np.ndarray, counts: np.ndarray):
+        """For each sequence sampled at several rows (a token and its drafts), the state after
+        each row but its last, kept until its next step (``drafted``), which starts from the one
+        after the last token its drafts kept: one capture per row offset."""
+        sampled = Counter(np.asarray(plan.sample_seq_ids).tolist())
+        per_seq = np.array([sampled.get(s, 0) for s in ids], dtype=np.int64)
+        out = []
+        for r in range(int(per_seq.max(initial=0)) - 1):
+            with_row = np.flatnonzero(per_seq > r + 1)
+            rows = np.full(len(ids), -1, dtype=np.int64)
+            rows[with_row] = counts[with_row] - per_seq[with_row] + r   # the sampled rows are the last ones
+            copies = torch.empty((self.layers, len(with_row), *self.states.shape[2:]), device=self.device)
+            index = np.zeros(len(ids), dtype=np.int64)
+            index[with_row] = np.arange(len(with_row))
+            for j, i in enumerate(with_row):
+                self.drafted.setdefault(ids[i], {})[int(first[i] + rows[i] + 1)] = (copies, j)
+            out.append((rows, copies, index))
+        return out
+
     def _segments(self, starts, counts, first, captures, t) -> list[Segment]:
         """The step's rows as rounds of segments (Segment), cut at multiples of SCAN_CHUNK positions
         and after each row whose state is copied."""
@@ -240,15 +270,17 @@ class StatePool:
             live = np.array([i for i, e in enumerate(edges) if len(e) - 1 > k], dtype=np.int64)
             lo = np.array([edges[i][k] for i in live], dtype=np.int64)
             hi = np.array([edges[i][k + 1] for i in live], dtype=np.int64)
-            offsets = np.arange((hi - lo).max())
-            valid = offsets[None] < (hi - lo)[:, None]
-            rows = (starts[live] + lo)[:, None] + np.minimum(offsets[None], (hi - lo - 1)[:, None])
-            caps = []
-            for capture, copies, index in captures:
-                hit = np.flatnonzero(capture[live] == hi - 1)
-                if hit.size:
-                    caps.append((t(hit), copies, t(index[live[hit]])))
-            out.append(Segment(t(live), t(rows), t(valid), caps))
+            # one chunk shape per group of equal lengths: a row's numbers do not depend on the
+            # other sequences in its step (a decoding row always takes the recurrence)
+            for length in np.unique(hi - lo):
+                same = np.flatnonzero(hi - lo == length)
+                rows = (starts[live[same]] + lo[same])[:, None] + np.arange(length)[None]
+                caps = []
+                for capture, copies, index in captures:
+                    hit = np.flatnonzero(capture[live[same]] == hi[same] - 1)
+                    if hit.size:
+                        caps.append((t(hit), copies, t(index[live[same][hit]])))
+                out.append(Segment(t(live[same]), t(rows), t(np.ones(rows.shape, dtype=bool)), caps))
         return out
 
     # -- internals ------------------------------------------------------------------------
