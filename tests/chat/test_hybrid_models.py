@@ -9,10 +9,10 @@ their family's markers and template (helpers/family_model.py):
   (model/short_conv.py), so the prefix cache and speculation hold for it;
 - Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation),
   Nemotron-H (Nemotron Nano 2's template; Mamba-2, MLP-only and attention
-  blocks) and Falcon-H1 (attention and Mamba-2 side by side in each layer,
-  under Qwen2.5's ChatML template with Hermes calls), as HF directories, and
-  Qwen3.5 (three Gated DeltaNet layers and one gated attention layer, with
-  the Qwen3 family's template) as llama.cpp's qwen35 GGUF, on the torch step.
+  blocks), Falcon-H1 (attention and Mamba-2 side by side in each layer,
+  under Qwen2.5's ChatML template with Hermes calls) and Qwen3.5 (three Gated
+  DeltaNet layers and one gated attention layer, with the Qwen3 family's
+  template), as HF directories, on the torch step.
   Their recurrent state lives in a slot per sequence (model/state_pool.py):
   the prefix cache serves it from snapshots of the state at block
   boundaries, and a verify step keeps the state after each drafted row, so
@@ -51,7 +51,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 #: family → (its model's layer kinds, its tool format, whether it is an HF directory, how it loads)
 HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), "lfm2", False, {}),
            "granite": (("mamba", "mamba", "full", "mamba"), "granite", True, {"dtype": "float32"}),
-           "qwen3": (("delta", "delta", "full", "delta"), "hermes", False, {}),   # llama.cpp's qwen35 file
+           "qwen3": (("delta", "delta", "full", "delta"), "hermes", True, {"dtype": "float32"}),
            "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"}),
            "qwen2.5": (("hybrid",) * 3, "hermes", True, {"dtype": "float32"})}   # Falcon-H1
 

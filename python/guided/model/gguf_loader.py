@@ -204,7 +204,9 @@ def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo],
 # the weights a QuantLinear can hold: every projection and the output head; the embeddings stay
 # in their blocks too (a QuantEmbedding, the head's matrix where the two are tied)
 _LINEAR_WEIGHTS = ("proj.weight", "lm_head.weight", "embed_tokens.weight",
-                   "moe.gate_exps", "moe.up_exps", "moe.down_exps")
+                   "moe.gate_exps", "moe.up_exps", "moe.down_exps",
+                   # Qwen3.5's DeltaNet input projection, in parts the WeightSink joins
+                   "delta_in_qkv.weight", "delta_in_z.weight", "delta_in_b.weight", "delta_in_a.weight")
 
 
 def gguf_tokenizer_info(md: dict) -> dict:
