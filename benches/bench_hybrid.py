@@ -3,8 +3,9 @@ random models (tests/helpers/tiny_models.py), same prompts and machine, in one
 run: decode throughput at batch 1 and 16, prefill time per token of a short and a
 long prompt, and what each keeps per sequence.
 
-    python benches/bench_hybrid.py [--archs lfm2 granitemoehybrid_mamba qwen3_5 deepseek_v3]
-                                   [--new-tokens 256] [--batches 1 16] [--prefill 128 2048]
+    python benches/bench_hybrid.py [--archs lfm2 granitemoehybrid_mamba qwen3_5 nemotron_h_moe falcon_h1
+                                            deepseek_v3] [--new-tokens 256] [--batches 1 16]
+                                   [--prefill 128 2048]
 
 Both engines run float32 weights greedily with end tokens ignored; decode
 throughput is (batch × (new_tokens − 1)) / (time for new_tokens − time for one
@@ -78,7 +79,8 @@ def decode_rate(run, prompts, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--archs", nargs="+", default=["lfm2", "granitemoehybrid_mamba", "qwen3_5", "deepseek_v3"])
+    ap.add_argument("--archs", nargs="+", default=["lfm2", "granitemoehybrid_mamba", "qwen3_5", "nemotron_h_moe",
+                                                   "falcon_h1", "deepseek_v3"])
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--prefill", type=int, nargs=2, default=[128, 2048], metavar=("SHORT", "LONG"))

@@ -454,7 +454,7 @@ def _glm4_moe(w, h):
         w.add_nextn_predict_layers(c["num_nextn_predict_layers"])
 
 
-def _qwen35(w, h):
+def _qwen35(w, h, mrope: bool = True):
     """Qwen3_5TextModel / Qwen3_5MoeTextModel: Qwen2MoeModel's keys, Qwen3NextModel's Gated DeltaNet
     ones (k_dim as the state size, the key heads as groups, the value heads as the time-step rank),
     which layers are recurrent, the rotary width, and _Qwen35MRopeMixin's default sections."""
@@ -469,11 +469,32 @@ def _qwen35(w, h):
         w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in types])
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(h.head_dim * h.rope_full.get("partial_rotary_factor", 0.25)))
-    if "mrope_section" not in h.rope_full:
+    if mrope and "mrope_section" not in h.rope_full:
         w.add_rope_dimension_sections([11, 11, 10, 0])
 
 
-def _qwen35_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+def _qwen3next(w, h):
+    """Qwen3NextModel: _qwen35's keys without the MRoPE sections."""
+    _qwen35(w, h, mrope=False)
+
+
+def _qwen3next_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """Qwen3NextModel.modify_tensors: in_proj_qkvz (per key head [q, k, v, z]) split into q|k|v over
+    all heads (attn_qkv) and z (attn_gate), in_proj_ba kept as it is (ssm_ba), and _qwen35_tensors'
+    A, dt_bias, Conv1d and norms (no value heads reordered)."""
+    c = h.c
+    if name.endswith("in_proj_qkvz.weight"):
+        k_heads, k_dim = c["linear_num_key_heads"], c["linear_key_head_dim"]
+        share = c["linear_num_value_heads"] // k_heads * c["linear_value_head_dim"]
+        q, k, v, z = t.view(k_heads, 2 * k_dim + 2 * share, -1).split([k_dim, k_dim, share, share], dim=1)
+        flat = [x.reshape(-1, t.shape[-1]) for x in (q, k, v, z)]
+        yield f"blk.{name.split('.')[2]}.attn_qkv.weight", torch.cat(flat[:3])
+        yield f"blk.{name.split('.')[2]}.attn_gate.weight", flat[3]
+        return
+    yield from _qwen35_tensors(name, t, h, reorder=False)
+
+
+def _qwen35_tensors(name: str, t: torch.Tensor, h, reorder: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """_LinearAttentionVReorderBase.modify_tensors (the value heads from grouped by key head to
     tiled, for ggml's broadcast), then Qwen3NextModel's: A = −exp(A_log), dt_bias under the
     dt_proj.bias name, the Conv1d squeezed, 1 added to every norm but the DeltaNet's."""
@@ -486,7 +507,7 @@ def _qwen35_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.
         x = x.reshape(*shape[:dim], k_heads, share, head, *shape[dim + 1:])
         return x.transpose(dim, dim + 1).contiguous().reshape(shape)
 
-    if "linear_attn." in name and k_heads != v_heads:
+    if reorder and "linear_attn." in name and k_heads != v_heads:
         if ".in_proj_qkv." in name:
             t = torch.cat([t[:2 * k_heads * k_dim], tiled(t[2 * k_heads * k_dim:], 0, v_dim)])
         elif ".in_proj_z." in name:
@@ -580,6 +601,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "deepseek_v3": Arch("deepseek2", _deepseek2, modify=_deepseek2_tensors),
     "qwen3_5_text": Arch("qwen35", _qwen35, modify=_qwen35_tensors),
     "qwen3_5_moe_text": Arch("qwen35moe", _qwen35, modify=_qwen35_tensors),
+    "qwen3_next": Arch("qwen3next", _qwen3next, modify=_qwen3next_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",

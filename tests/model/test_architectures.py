@@ -56,7 +56,6 @@ ARCHS = list(ARCHITECTURES)
 NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window",
            # llama.cpp's deepseek2 files split kv_b_proj into per-head k_b/v_b tensors the loader does not read yet
            "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
-           "qwen3_next": "no reader yet for llama.cpp's qwen3next tensors",
            "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors",
            "nemotron_h_moe": "no reader yet for llama.cpp's nemotron_h_moe tensors",
            "falcon_h1": "no reader yet for llama.cpp's falcon-h1 tensors",
@@ -142,8 +141,8 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
                 round_rows(kv[:, :c.qk_nope_head_dim].transpose(1, 2))
                 round_rows(kv[:, c.qk_nope_head_dim:])
                 continue
-            if name.endswith("linear_attn.out_proj.weight") and names is None and \
-                    c.linear_num_value_heads != c.linear_num_key_heads:
+            if name.endswith("linear_attn.out_proj.weight") and names is None and c.model_type.startswith("qwen3_5") \
+                    and c.linear_num_value_heads != c.linear_num_key_heads:
                 # Qwen3.5's DeltaNet output as llama.cpp's qwen35 holds it: its columns (value heads)
                 # tiled, then rounded along the rows
                 k, share = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads

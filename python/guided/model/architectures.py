@@ -298,8 +298,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  norm_offset=1.0, attention_gate=True, gguf_roles=_QWEN35_GGUF_ROLES,
                  read_hf=qwen3_5_hf, read_gguf=qwen35_gguf),
     # Qwen3.5's layers with Qwen3-Next's projections (Gated DeltaNet's grouped by key head)
-    Architecture("qwen3_next", ("Qwen3NextForCausalLM",), qk_norm="head", norm_offset=1.0, attention_gate=True,
-                 read_hf=qwen3_5_hf),
+    Architecture("qwen3_next", ("Qwen3NextForCausalLM",), ("qwen3next",), qk_norm="head", norm_offset=1.0,
+                 attention_gate=True, gguf_roles=_QWEN35_GGUF_ROLES, read_hf=qwen3_5_hf, read_gguf=qwen35_gguf),
     Architecture("nemotron_h", ("NemotronHForCausalLM",), ungated="relu2", one_sublayer=True,
                  read_hf=nemotron_h_hf),
     Architecture("falcon_h1", ("FalconH1ForCausalLM",), read_hf=falcon_h1_hf),

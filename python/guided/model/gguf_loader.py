@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
+from .delta_net import delta_ungrouped
 from .gguf_file import GGUFFile, TensorInfo
 from .pack_cache import PackCache
 from .quant_linear import FORMATS, QuantWeight
@@ -39,7 +40,8 @@ _SSM = {"ssm_in.weight": "mamba_in_proj.weight", "ssm_out.weight": "mamba_out_pr
         "ssm_d": "mamba.D",
         # Qwen3.5's Gated DeltaNet besides (its other tensors by the names above: the row's gguf_roles)
         "attn_gate.weight": "delta_in_z.weight", "ssm_beta.weight": "delta_in_b.weight",
-        "ssm_alpha.weight": "delta_in_a.weight"}
+        "ssm_alpha.weight": "delta_in_a.weight",
+        "ssm_ba.weight": "delta_in_ba.weight"}   # Qwen3-Next's b|a, grouped by key head
 
 
 # a mixture-of-experts MLP's tensors, whole names by llama.cpp's name and suffix (weights.WeightSink._add_moe)
@@ -124,6 +126,11 @@ def load_gguf(path: str, dtype: torch.dtype, device: torch.device, quantized: bo
             name = name.replace(f".{usual}.", f".{role}.")
         if name.endswith("up_proj.weight") and info.shape[0] == 2 * config.intermediate_size:
             name = name.replace("up_proj", "gate_up_proj")   # Phi-3's gate and up, fused as in its checkpoint
+        if name.endswith("delta_in_ba.weight"):   # Qwen3-Next's b|a per key head: b and a, each over all heads
+            b_a = delta_ungrouped(torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)), config.delta, "ba")
+            for part, w in zip(("delta_in_b", "delta_in_a"), b_a.chunk(2)):
+                sink.add(name.replace("delta_in_ba", part), w)
+            continue
         if name.endswith(("k_b_proj.weight", "v_b_proj.weight")):
             _kv_b(sink, halves, name, torch.from_numpy(np.array(gguf.read(info), dtype=np.float32)))
             continue

@@ -80,10 +80,11 @@ def qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
 
 
 def qwen35_gguf(get, base: dict) -> dict[str, Any]:
-    """llama.cpp's qwen35 and qwen35moe: the Gated DeltaNet's sizes in its ssm keys (the key heads as
-    groups, k_dim as the state size, the value heads as the time-step rank), its value heads tiled
-    (the converter reorders them), the recurrent layers listed or every full_attention_interval-th
-    layer attending; multi-token-prediction layers after the last (not run)."""
+    """llama.cpp's qwen35, qwen35moe and qwen3next: the Gated DeltaNet's sizes in its ssm keys (the
+    key heads as groups, k_dim as the state size, the value heads as the time-step rank), its value
+    heads tiled (Qwen3.5's: the converter reorders them; Qwen3-Next's stay grouped), the recurrent
+    layers listed or every full_attention_interval-th layer attending; multi-token-prediction
+    layers after the last (not run)."""
     n = int(get("block_count")) - int(get("nextn_predict_layers", 0))
     recurrent = get("attention.recurrent_layers")
     if recurrent is None:
@@ -92,7 +93,8 @@ def qwen35_gguf(get, base: dict) -> dict[str, Any]:
     types = tuple("delta" if r else "full" for r in recurrent[:n])
     v_heads = int(get("ssm.time_step_rank"))
     delta = DeltaNetConfig(int(get("ssm.group_count")), v_heads, int(get("ssm.state_size")),
-                           int(get("ssm.inner_size")) // v_heads, int(get("ssm.conv_kernel")), tiled=True)
+                           int(get("ssm.inner_size")) // v_heads, int(get("ssm.conv_kernel")),
+                           tiled=base["architecture"] != "qwen3_next")
     out = {"num_layers": n, "layer_types": types, "delta": delta,
            "rope_layers": tuple(None if t == "delta" else "global" for t in types)}
     if get("expert_count"):
