@@ -9,14 +9,14 @@ their family's markers and template (helpers/family_model.py):
   (model/short_conv.py), so the prefix cache and speculation hold for it;
 - Granite 4.0-H (three Mamba-2 layers and one attention layer, no rotation),
   Nemotron-H (Nemotron Nano 2's template; Mamba-2, MLP-only and attention
-  blocks), Falcon-H1 (attention and Mamba-2 side by side in each layer,
-  under Qwen2.5's ChatML template with Hermes calls) and Qwen3.5 (three Gated
-  DeltaNet layers and one gated attention layer, with the Qwen3 family's
-  template), as HF directories, on the torch step.
+  blocks) and Falcon-H1 (attention and Mamba-2 side by side in each layer,
+  under Qwen2.5's ChatML template with Hermes calls), as HF directories, and
+  Qwen3.5 (three Gated DeltaNet layers and one gated attention layer, with
+  the Qwen3 family's template) as llama.cpp's qwen35 GGUF, on the torch step.
   Their recurrent state lives in a slot per sequence (model/state_pool.py):
   the prefix cache serves it from snapshots of the state at block
-  boundaries, and a verify step keeps the state after each drafted row, so
-  refused drafts roll back.
+  boundaries, each block computed whole from the cache (so a row's numbers
+  do not depend on how its steps came), and refused drafts roll back.
 
 What a user of a hybrid model notices:
 - a four-turn agent loop: every required call validates against its tool's
@@ -51,7 +51,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 #: family → (its model's layer kinds, its tool format, whether it is an HF directory, how it loads)
 HYBRIDS = {"lfm2": (("conv", "conv", "full", "conv"), "lfm2", False, {}),
            "granite": (("mamba", "mamba", "full", "mamba"), "granite", True, {"dtype": "float32"}),
-           "qwen3": (("delta", "delta", "full", "delta"), "hermes", True, {"dtype": "float32"}),
+           "qwen3": (("delta", "delta", "full", "delta"), "hermes", False, {}),   # llama.cpp's qwen35 file
            "nemotron-nano": (("mamba", "mlp", "full", "mamba", "mlp"), "nemotron", True, {"dtype": "float32"}),
            "qwen2.5": (("hybrid",) * 3, "hermes", True, {"dtype": "float32"})}   # Falcon-H1
 
@@ -133,15 +133,13 @@ def test_a_json_schema_answer_validates_at_any_budget(hybrid, max_tokens):
 
 
 def test_speculative_decoding_changes_no_token(hybrid, loop):
-    """Every turn again with drafts: the same tokens. A recurrent model's refused drafts take its
-    state back to the one after the last token kept (StatePool.drafted): some drafts were refused.
-    (Its turns run one by one, as the loop ran them: a recurrent model's prefill cut into other
-    chunks, as turns run together cut it, scans its state in other segments, which may change
-    the last bits of its logits: docs/architectures.md.)"""
+    """Every turn again with drafts, all four at once: the tokens each gave alone without. A
+    recurrent model's refused drafts take its state back to before them (StatePool.drafted):
+    some drafts were refused."""
     llm = hybrid[2]
     plans = [llm.prepare_chat(m, replace(p, speculative=True), ChatOptions(**o)) for m, p, o, _ in loop]
     before = {k: llm.stats()[k] for k in ("draft_steps", "draft_lookups", "draft_lookups_kept")}
-    outs = [out for plan in plans for out in llm.run_chat([plan])] if llm.engine.recurrent else llm.run_chat(plans)
+    outs = llm.run_chat(plans)
     after = llm.stats()
     assert after["draft_steps"] > before["draft_steps"], "no draft was checked"
     if llm.engine.recurrent:

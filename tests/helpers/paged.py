@@ -22,8 +22,9 @@ class PagedRunner:
         self.tables: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
         #: the Mamba layers' states, where the model has them (a slot per sequence, as the engine's runner)
+        mixer = config.mamba or config.delta
         self.states = StatePool(config.state_shape, sum(map(config.is_recurrent, range(config.num_layers))), 8,
-                                "cpu", block_size) if config.state_shape is not None else None
+                                "cpu", block_size, mixer.conv_kernel) if mixer is not None else None
 
     def _reserve(self, seq: int, upto: int) -> None:
         table = self.tables.setdefault(seq, [])
@@ -55,7 +56,8 @@ class PagedRunner:
             max_query_len=max(qlens), max_context_len=max(ctx), block_size=self.block_size,
             is_decode_only=all(q == 1 for q in qlens))
         plan = SimpleNamespace(query_start_loc=np.array(starts), positions=np.array(pos),
-                               seq_ids=np.array(list(chunks)), sample_seq_ids=np.array(list(chunks)))
+                               seq_ids=np.array(list(chunks)), sample_seq_ids=np.array(list(chunks)),
+                               block_tables=np.array(tables))
         states = self.states.step(plan) if self.states is not None else None
         return self.model(torch.tensor(ids), torch.tensor(pos), self.caches, attn, states)
 

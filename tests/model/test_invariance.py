@@ -154,3 +154,42 @@ def test_the_default_gives_one_answer_alone_cached_chunked_and_batched():
         assert answers(chunked, ASKS[::-1]) == alone[::-1], chunk
     batched = LLM(max_num_seqs=8, kv_cache_tokens=4096)
     assert answers(batched, [OTHER, *ASKS]) == [answers(fresh, [OTHER])[0], *alone]
+
+
+@pytest.mark.parametrize("arch", ["granitemoehybrid_mamba", "qwen3_5"])
+def test_a_recurrent_model_gives_one_answer_alone_cached_chunked_and_batched(arch, tmp_path):
+    """A hybrid model's Q8_0 GGUF (Mamba-2 or Gated DeltaNet layers beside attention, on the torch
+    step over ggml's kernels), 24 greedy tokens per prompt: each alone; with prefill chunks of 5,
+    16 and 37 tokens; after the prompts' shared part was cached (the state from its snapshot).
+    The recurrent layers compute each block whole from the state at its start
+    (model/state_pool.py), so every run gives the same tokens and the same log-probabilities, to
+    the bit. Inside one batch: the same tokens, log-probabilities within float32 rounding (torch's
+    elementwise kernels may round an element otherwise by where it falls in a vector)."""
+    from helpers.gguf_writer import write_gguf
+    from helpers.tiny_models import VOCAB, build
+    build(arch, tmp_path)
+    path = write_gguf(tmp_path, tmp_path / "q8.gguf", "Q8_0")
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, VOCAB - 3, (37,), generator=gen).tolist()
+    prompts = [shared + torch.randint(0, VOCAB - 3, (n,), generator=gen).tolist() for n in (3, 11, 30)]
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=0, ignore_eos=True)
+
+    def answers(llm: LLM, batch: list[list[int]]) -> list[tuple]:
+        outs = [o.outputs[0] for o in llm.generate(batch, params, use_tqdm=False)]
+        return [(tuple(o.token_ids), tuple(lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)))
+                for o in outs]
+
+    fresh = LLM(path, enable_prefix_caching=False, max_num_seqs=4, kv_cache_tokens=2048)
+    assert fresh.loaded.weight_formats and fresh.engine.recurrent
+    alone = [answers(fresh, [p])[0] for p in prompts]
+    for chunk in (5, 16, 37):
+        chunked = LLM(path, enable_prefix_caching=False, max_num_batched_tokens=chunk, max_num_seqs=4,
+                      kv_cache_tokens=2048)
+        assert [answers(chunked, [p])[0] for p in prompts] == alone, chunk
+    cached = LLM(path, max_num_seqs=4, kv_cache_tokens=2048)
+    assert [answers(cached, [p])[0] for p in prompts] == alone
+    assert cached.stats()["prefix_cache_hit_tokens"] > 0, "no prompt started from a snapshot"
+    batched = answers(LLM(path, max_num_seqs=4, kv_cache_tokens=2048), prompts)
+    assert [tokens for tokens, _ in batched] == [tokens for tokens, _ in alone]
+    for (_, got), (_, want) in zip(batched, alone):
+        assert max(abs(g - w) for g, w in zip(got, want)) < 1e-4

@@ -181,13 +181,12 @@ class DecoderLayer(nn.Module):
         """The mixer's output for the normed input: attention, latent attention, a convolution
         or a recurrent mixer."""
         if self.mamba is not None:
-            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[self.conv_cache], plan.slot_mapping, conv_slots,
-                               states)
+            mixed = self.mamba(self.mamba_in_proj(normed), kv_cache[self.conv_cache], plan.slot_mapping, states)
             if not self.hybrid:
                 return self.mamba_out_proj(mixed)
             return self.mamba_out_proj(mixed) + self.reduce(self.o_proj(self._attention(normed, rotary, kv_cache, plan)))
         if self.delta is not None:
-            mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots, states)
+            mixed = self.delta(self.delta_in_proj(normed), kv_cache[0], plan.slot_mapping, states)
             return self.delta_out_proj(mixed)
         if self.conv is not None:
             return self.conv_out_proj(self.conv(self.conv_in_proj(normed), kv_cache[0], plan.slot_mapping, conv_slots))
@@ -267,8 +266,8 @@ class CausalLM(nn.Module):
             rotary[kind] = table.cos_sin(positions)
         plan = AttentionPlan(attn, input_ids.device, head_dim=self.config.head_dim)
         c = self.config
-        back = max(c.conv_kernel, c.mamba.conv_kernel if c.mamba else 0, c.delta.conv_kernel if c.delta else 0) - 1
-        conv_slots = previous_slots(attn, positions, back) if back > 0 else None
+        # LFM2's convolutions read their previous tokens' slots (the recurrent mixers read whole blocks)
+        conv_slots = previous_slots(attn, positions, c.conv_kernel - 1) if c.conv_kernel > 1 else None
         x = self._embed(input_ids)
         if self.config.embedding_multiplier != 1.0:
             # Gemma rounds its √hidden to the activations' dtype first
@@ -318,11 +317,11 @@ def _cache_shapes(config: ModelConfig, layer: int, num_kv_heads: int | None) -> 
         return (1, config.hidden_size), (1, 0)
     if config.layer_types[layer] == "hybrid":
         kv = (num_kv_heads or config.num_kv_heads, config.head_dim)
-        return kv, kv, (1, config.mamba.conv_dim)
+        return kv, kv, (1, config.mamba.cache_width)
     if config.is_mamba(layer):
-        return (1, config.mamba.conv_dim), (1, 0)
+        return (1, config.mamba.cache_width), (1, 0)
     if config.layer_types[layer] == "delta":
-        return (1, config.delta.conv_dim), (1, 0)
+        return (1, config.delta.cache_width), (1, 0)
     if config.latent is not None:
         return (1, config.head_dim), (1, 0)
     kv = (num_kv_heads or config.num_kv_heads, config.head_dim)

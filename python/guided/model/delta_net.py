@@ -12,8 +12,9 @@ heads):
 and o leaves through an RMSNorm per head times SiLU(z), and out_proj.
 
 What it keeps between steps is Mamba-2's (mamba.py): the convolution's inputs
-per token in the paged cache, S in a slot of the StatePool (state_pool.py),
-snapshots of it serving the prefix cache.
+and b and a per token in the paged cache, S at the last block boundary passed
+in a slot of the StatePool (state_pool.py), each block computed whole from
+there, snapshots serving the prefix cache.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer_kinds import DeltaNetConfig
-from .short_conv import meta_parameter as _parameter, paged_conv
+from .short_conv import meta_parameter as _parameter
 from .state_pool import StateStep, segment_decay
 
 
@@ -49,54 +50,60 @@ class DeltaNet(nn.Module):
         self.norm.weight = _parameter(d.v_dim)
 
     def forward(self, projected: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
-                previous: torch.Tensor, states: StateStep) -> torch.Tensor:
+                states: StateStep) -> torch.Tensor:
         d = self.d
         qkv, z, b, a = projected.split([d.conv_dim, d.value_dim, d.v_heads, d.v_heads], dim=-1)
-        mixed = F.silu(paged_conv(qkv, self.conv.weight, None, cache, slots, previous)).float()
-        q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
-        t, group = q.shape[0], d.v_heads // d.k_heads
-        q, k = (F.normalize(x.view(t, d.k_heads, d.k_dim), dim=-1, eps=1e-6) for x in (q, k))
-        # each value head's key head: in groups (the checkpoints' order) or tiled (llama.cpp's)
-        q, k = (x.repeat(1, group, 1) if d.tiled else x.repeat_interleave(group, dim=1) for x in (q, k))
-        beta = torch.sigmoid(b.float())
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
-        o = self._scan(q * d.k_dim ** -0.5, k, v.view(t, d.v_heads, d.v_dim), beta, g, states)
+        # each row's convolution input, b and a into its slot: the blocks are computed from there
+        flat = cache.view(-1, cache.shape[-1])
+        flat.index_copy_(0, slots, torch.cat([qkv, b, a], dim=-1).to(flat.dtype))
+        o = self._scan(flat, states)                                   # [T, H, V]
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.weight.float()
-        return (o * F.silu(z.float().view(t, d.v_heads, d.v_dim))).flatten(-2).to(projected.dtype)
+        return (o * F.silu(z.float().view(-1, d.v_heads, d.v_dim))).flatten(-2).to(projected.dtype)
 
-    def _scan(self, q, k, v, beta, g, s: StateStep) -> torch.Tensor:
-        """The delta rule over each sequence's segments (state_pool.Segment), sequences side by
-        side. Within a segment, with Γ_t = g_1 + … + g_t and u_s the rows' corrections
+    def _scan(self, flat: torch.Tensor, s: StateStep) -> torch.Tensor:
+        """The step's rows' o [T, v_heads, v_dim], the blocks they fall in computed whole
+        (state_pool.Segment) from the state at each block's start, sequences side by side.
+        Within a block, with Γ_t = g_1 + … + g_t and u_s the rows' corrections
         β_s·(v_s − (e^g_s·S_{s−1})ᵀk_s), unrolled:
 
             (I + A)·U = β·(V − e^Γ·K·S₀),   A_ts = β_t·e^(Γ_t − Γ_s)·k_t·k_s (s < t),
             o_t = e^Γ_t·S₀ᵀq_t + Σ_{s≤t} e^(Γ_t − Γ_s)·(q_t·k_s)·u_s,
             S_L = e^Γ_L·S₀ + Σ_s e^(Γ_L − Γ_s)·k_s ⊗ u_s
 
-        (the chunked gated delta rule); padding rows have β = g = 0, which leaves S as it is."""
-        o = torch.empty_like(v)
+        (the chunked gated delta rule); the block's positions not computed yet have β = g = 0,
+        which leaves S as it is and adds nothing to the rows before them."""
+        d = self.d
+        group, kernel = d.v_heads // d.k_heads, d.conv_kernel
+        weight = self.conv.weight.float()
+        decay_rate = -torch.exp(self.A_log.float())
+        o = torch.zeros(s.rows, d.v_heads, d.v_dim, device=flat.device)
 
-        def update(rows, valid, st):                                   # rows [n, L], st [n, H, K, V]
-            if rows.shape[1] == 1:                                     # one row each (decoding): the rule itself
-                r = rows[:, 0]
-                st = st * torch.exp(g[r])[..., None, None]
-                delta = (v[r] - (st * k[r][..., None]).sum(-2)) * beta[r][..., None]
-                st = st + k[r][..., None] * delta[..., None, :]
-                o[r] = (st * q[r][..., None]).sum(-2)
-                return st
-            bt, gs = beta[rows] * valid[..., None], g[rows] * valid[..., None]   # [n, L, H]
-            qs, ks, vs = q[rows], k[rows], v[rows]
-            gam = gs.cumsum(1)
+        def update(seg, st):                                           # st [n, H, K, V]
+            win = flat[seg.window.clamp(min=0)].float() * (seg.window >= 0)[..., None]   # [n, K-1+L, width]
+            mixed = F.silu((win[..., :d.conv_dim].unfold(1, kernel, 1) * weight).sum(-1))
+            q, k, v = mixed.split([d.key_dim, d.key_dim, d.value_dim], dim=-1)
+            n, length = q.shape[:2]
+            q, k = (F.normalize(x.view(n, length, d.k_heads, d.k_dim), dim=-1, eps=1e-6) for x in (q, k))
+            # each value head's key head: in groups (the checkpoints' order) or tiled (llama.cpp's)
+            q, k = (x.repeat(1, 1, group, 1) if d.tiled else x.repeat_interleave(group, dim=2) for x in (q, k))
+            q, vs = q * d.k_dim ** -0.5, v.view(n, length, d.v_heads, d.v_dim)
+            raw = win[:, kernel - 1:, d.conv_dim:]
+            valid = seg.valid[..., None]
+            bt = torch.sigmoid(raw[..., :d.v_heads]) * valid                          # [n, L, H]
+            gam = (decay_rate * F.softplus(raw[..., d.v_heads:] + self.dt_bias.float()) * valid).cumsum(1)
             decay = segment_decay(gam)                                 # [n, H, t, s]
-            a = (torch.einsum("nthk,nshk->nhts", ks, ks) * decay * bt.transpose(1, 2)[..., None]).tril(-1)
-            rhs = bt[..., None] * (vs - gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", ks, st))
+            a = (torch.einsum("nthk,nshk->nhts", k, k) * decay * bt.transpose(1, 2)[..., None]).tril(-1)
+            rhs = bt[..., None] * (vs - gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", k, st))
             eye = torch.eye(a.shape[-1], device=a.device)
             u = torch.linalg.solve_triangular(a + eye, rhs.transpose(1, 2), upper=False, unitriangular=True)
-            out = gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", qs, st) \
-                + torch.einsum("nhts,nhsv->nthv", torch.einsum("nthk,nshk->nhts", qs, ks) * decay, u)
-            o[rows[valid]] = out[valid]
+            out = gam.exp()[..., None] * torch.einsum("nthk,nhkv->nthv", q, st) \
+                + torch.einsum("nhts,nhsv->nthv", torch.einsum("nthk,nshk->nhts", q, k) * decay, u)
+            mine = seg.rows >= 0
+            o[seg.rows[mine]] = out[mine]
+            if not seg.whole:
+                return st                                              # no block made whole: no new state
             last = gam[:, -1:]
-            into = (last - gam).exp()                                  # [n, L, H]
-            return st * last[:, 0, :, None, None].exp() + torch.einsum("nsh,nshk,nhsv->nhkv", into, ks, u)
+            into = (last - gam).exp().transpose(1, 2)[..., None] * u    # [n, H, L, V]
+            return st * last[:, 0, :, None, None].exp() + torch.einsum("nshk,nhsv->nhkv", k, into)
         s.pool.carry(self.index, s, update)
         return o

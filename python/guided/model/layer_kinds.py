@@ -113,8 +113,13 @@ class MambaConfig:
 
     @property
     def conv_dim(self) -> int:
-        """x, B and C: what the convolution mixes, and what the cache keeps per token."""
+        """x, B and C: what the convolution mixes."""
         return self.inner + 2 * self.groups * self.state_size
+
+    @property
+    def cache_width(self) -> int:
+        """What the paged cache keeps per token: the convolution's input and dt (in_proj's)."""
+        return self.conv_dim + self.heads
 
 
 @dataclass(frozen=True)
@@ -141,5 +146,10 @@ class DeltaNetConfig:
 
     @property
     def conv_dim(self) -> int:
-        """q, k and v: what the convolution mixes, and what the cache keeps per token."""
+        """q, k and v: what the convolution mixes."""
         return 2 * self.key_dim + self.value_dim
+
+    @property
+    def cache_width(self) -> int:
+        """What the paged cache keeps per token: the convolution's input, b and a (in_proj's)."""
+        return self.conv_dim + 2 * self.v_heads

@@ -47,13 +47,14 @@ class ModelRunner:
         self.block_size = block_size
         mc = loaded.config
         #: the recurrent layers' per-sequence states (None: the model has none), before the KV pool is sized
+        mixer = mc.mamba or mc.delta
         self.states = StatePool(mc.state_shape, sum(map(mc.is_recurrent, range(mc.num_layers))), max_num_seqs,
-                                self.device, block_size) if mc.state_shape is not None else None
+                                self.device, block_size, mixer.conv_kernel) if mixer is not None else None
         if self.states is not None:
-            log.info("recurrent state: %.1f MiB per sequence, %d slots (max_num_seqs), its boundary copies "
-                     "and as many snapshots for the prefix cache: %.1f MiB in all",
+            log.info("recurrent state: %.1f MiB per sequence, %d slots (max_num_seqs), its prompt-boundary "
+                     "copies and as many snapshots for the prefix cache: %.1f MiB in all",
                      self.states.bytes_per_sequence / 2**20, max_num_seqs,
-                     4 * max_num_seqs * self.states.bytes_per_sequence / 2**20)
+                     3 * max_num_seqs * self.states.bytes_per_sequence / 2**20)
         tokens = kv_cache_tokens if kv_cache_tokens is not None else \
             min(self._kv_budget_bytes() // self.kv_bytes_per_token(), max_num_seqs * max_model_len)
         self.group = loaded.tensor_group

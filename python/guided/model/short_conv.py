@@ -46,8 +46,8 @@ def paged_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """A causal depthwise convolution over each sequence's tokens, the earlier ones read back
     from the paged cache: x [T, C] is written to its rows' slots first (so a row reads the rows
     before it in the same step), then convolved with `weight` [C, kernel] (taps oldest first) over
-    the rows' previous slots (`previous`, nearest last; -1: before the sequence, zero). LFM2's,
-    Mamba-2's and DeltaNet's convolutions."""
+    the rows' previous slots (`previous`, nearest last; -1: before the sequence, zero). LFM2's
+    convolution (Mamba-2's and DeltaNet's read whole blocks back: state_pool.py)."""
     flat = cache.view(-1, x.shape[-1])
     flat.index_copy_(0, slots, x.to(flat.dtype))
     back = previous[:, -(weight.shape[1] - 1):]
