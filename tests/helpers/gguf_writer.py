@@ -532,6 +532,66 @@ def _qwen35_tensors(name: str, t: torch.Tensor, h, reorder: bool = True) -> Iter
     yield name, t
 
 
+def _falcon_h1(w, h):
+    """FalconH1Model (over Mamba2Model's keys): the SSM's sizes, the attention's, the MLP's width."""
+    c = h.c
+    inner = c.get("mamba_d_ssm") or c["mamba_expand"] * c["hidden_size"]
+    head = c.get("mamba_d_head")
+    head = inner // c["mamba_n_heads"] if head in (None, "auto") else head
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(h.n_layers)
+    w.add_ssm_conv_kernel(c["mamba_d_conv"])
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(c["mamba_d_state"])
+    w.add_ssm_time_step_rank(inner // head)
+    w.add_ssm_group_count(c["mamba_n_groups"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_file_type(h.ftype)
+    w.add_vocab_size(c["vocab_size"])
+    w.add_context_length(c.get("max_position_embeddings", 0))
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(h.rope_full["rope_theta"])
+
+
+def _falcon_h1_tensors(name: str, t: torch.Tensor, h) -> Iterator[tuple[str, torch.Tensor]]:
+    """FalconH1Model.modify_tensors: Mamba2Model's (A, D, the Conv1d, dt_bias, the grouped norm),
+    then each µP multiplier folded into the tensor it surrounds (weights and biases alike, as the
+    converter does); the MLP's input norm under ffn_norm."""
+    c = h.c
+    if name.endswith("pre_ff_layernorm.weight"):
+        yield f"blk.{name.split('.')[2]}.ffn_norm.weight", t
+        return
+    ((name, t),) = list(_mamba2_tensors(name, t, h))
+    mlp, ssm = c.get("mlp_multipliers") or (1.0, 1.0), c.get("ssm_multipliers") or (1.0,) * 5
+    if "down_proj" in name:
+        t = t * mlp[1]
+    elif "gate_proj" in name:
+        t = t * mlp[0]
+    elif "k_proj" in name:
+        t = t * c["key_multiplier"] * c["attention_in_multiplier"]
+    elif "q_proj" in name or "v_proj" in name:
+        t = t * c["attention_in_multiplier"]
+    elif "o_proj" in name:
+        t = t * c["attention_out_multiplier"]
+    elif "out_proj" in name:
+        t = t * c["ssm_out_multiplier"]
+    elif "in_proj" in name:
+        t = t * c["ssm_in_multiplier"]
+        inner, groups = c["mamba_d_ssm"], c["mamba_n_groups"] * c["mamba_d_state"]
+        for (lo, hi), f in zip(((0, inner), (inner, 2 * inner), (2 * inner, 2 * inner + groups),
+                                (2 * inner + groups, 2 * inner + 2 * groups), (2 * inner + 2 * groups, None)), ssm):
+            t[lo:hi] *= f
+    elif "lm_head" in name:
+        t = t * c["lm_head_multiplier"]
+    elif "embed_tokens" in name:
+        t = t * c["embedding_multiplier"]
+    yield name, t
+
+
 # ---------------------------------------------------------------- generated tensors
 
 def _llama3_rope_freqs(h) -> Iterator[tuple[str, torch.Tensor]]:
@@ -602,6 +662,7 @@ ARCHS: dict[str, Arch] = {  # keyed by config.json's model_type
     "qwen3_5_text": Arch("qwen35", _qwen35, modify=_qwen35_tensors),
     "qwen3_5_moe_text": Arch("qwen35moe", _qwen35, modify=_qwen35_tensors),
     "qwen3_next": Arch("qwen3next", _qwen3next, modify=_qwen3next_tensors),
+    "falcon_h1": Arch("falcon-h1", _falcon_h1, modify=_falcon_h1_tensors),
 }
 
 _MULTIMODAL = ("vision_tower.", "vision_model.", "multi_modal_projector.", "model.vision_tower.",

@@ -58,8 +58,9 @@ NO_GGUF = {"mistral_swa": "llama.cpp's converter drops Mistral's sliding_window"
            "glm4_moe_lite": "llama.cpp converts Glm4MoeLite as deepseek2 with GLM specifics not written here",
            "nemotron_h": "no reader yet for llama.cpp's nemotron_h tensors",
            "nemotron_h_moe": "no reader yet for llama.cpp's nemotron_h_moe tensors",
-           "falcon_h1": "no reader yet for llama.cpp's falcon-h1 tensors",
-           "falcon_h1_norm": "no reader yet for llama.cpp's falcon-h1 tensors"}
+           # llama.cpp's Mamba-2 graph takes the norm after the gate; this row's config puts it before
+           # (mamba_norm_before_gate), and its converter scales biases with the inputs' multipliers
+           "falcon_h1_norm": "llama.cpp's falcon-h1 normalises after the gate"}
 
 
 def _prompt_lengths(arch: str) -> tuple[int, ...]:
@@ -127,6 +128,7 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
     `names`: only the parameters whose names end so."""
     rounded = copy.deepcopy(hf)
     transposed = hf.config.model_type in _TRANSPOSED_IN
+    folded = _falcon_h1_factors(hf.config) if hf.config.model_type == "falcon_h1" and names is None else None
     c = hf.config
 
     def round_rows(rows: torch.Tensor) -> None:
@@ -149,6 +151,12 @@ def _rounded_through(hf, qtype: gguf.GGMLQuantizationType, names=None):
                 tiled = p.view(p.shape[0], k, share, -1).transpose(1, 2).contiguous()
                 round_rows(tiled.view(p.shape[0], -1))
                 p.copy_(tiled.transpose(1, 2).reshape(p.shape))
+                continue
+            if folded and (factor := folded(name, p)) is not None:
+                # Falcon-H1's multipliers, which llama.cpp's converter folds in before it rounds
+                scaled = p * factor
+                round_rows(scaled)
+                p.copy_(scaled / factor)
                 continue
             rows = p.transpose(-1, -2) if transposed and name.endswith(_TRANSPOSED) else p
             if p.dim() < 2 or rows.shape[-1] % 32 or name.endswith(("mlp.gate.weight", "router.weight", "_bias",
@@ -176,6 +184,28 @@ def test_gguf_experts_stay_in_their_blocks_with_dtype_gguf(arch, tiny, tmp_path)
         want = last_logits(dense.model, dense.config, ids)
         got = last_logits(blocks.model, blocks.config, ids)
         assert ((got - want).abs().max() / want.abs().max()).item() < 5e-2, (arch, len(ids))
+
+
+def _falcon_h1_factors(config):
+    """A function of a Falcon-H1 parameter's name and tensor: the factor llama.cpp's converter
+    multiplies it by (its µP multipliers, as guided's reader folds them), or None."""
+    from guided.model.hf_loader import scaled
+    from guided.model.hybrid_readers import falcon_h1_hf
+    cfg = config.to_dict()
+    scales = falcon_h1_hf(cfg, {})["weight_scales"]
+    ours = {"mamba.in_proj": "mamba_in_proj", "mamba.out_proj": "mamba_out_proj"}
+
+    def factor(name: str, p: torch.Tensor):
+        if name.endswith("embed_tokens.weight"):
+            return torch.full_like(p, cfg["embedding_multiplier"])
+        if name == "lm_head.weight":
+            return torch.full_like(p, cfg["lm_head_multiplier"])
+        parts = name.split(".")
+        module = ours.get(".".join(parts[-3:-1]), parts[-2])
+        if module not in scales or not name.endswith(".weight"):
+            return None
+        return scaled(torch.ones_like(p), *scales[module])
+    return factor
 
 
 def _rounded_through_q8_0(hf):

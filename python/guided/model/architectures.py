@@ -67,8 +67,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .hybrid_readers import (falcon_h1_hf, granite_mamba, lfm2_gguf, lfm2_hf, nemotron_h_hf, qwen3_5_hf,
-                             qwen35_gguf)
+from .hybrid_readers import (falcon_h1_gguf, falcon_h1_hf, granite_mamba, lfm2_gguf, lfm2_hf, nemotron_h_hf,
+                             qwen3_5_hf, qwen35_gguf)
 from .layer_kinds import Activation, MambaConfig, NormKind, NormPlacement, QkNorm, UngatedActivation, check_feature
 from .moe_readers import (alternating, deepseek2_gguf, deepseek_v3_hf, glm4_moe_gguf, glm4_moe_hf, gpt_oss_gguf,
                           gpt_oss_hf, granite_moe, qwen3_moe_gguf, qwen3_moe_hf)
@@ -302,7 +302,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  attention_gate=True, gguf_roles=_QWEN35_GGUF_ROLES, read_hf=qwen3_5_hf, read_gguf=qwen35_gguf),
     Architecture("nemotron_h", ("NemotronHForCausalLM",), ungated="relu2", one_sublayer=True,
                  read_hf=nemotron_h_hf),
-    Architecture("falcon_h1", ("FalconH1ForCausalLM",), read_hf=falcon_h1_hf),
+    Architecture("falcon_h1", ("FalconH1ForCausalLM",), ("falcon-h1",), read_hf=falcon_h1_hf, read_gguf=falcon_h1_gguf),
     Architecture("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), qk_norm="head", read_hf=lfm2_hf, read_gguf=lfm2_gguf),
     Architecture("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), norms="sandwich", activation="gelu_tanh",
                  norm_offset=1.0, read_hf=_gemma_hf, read_gguf=_gemma2_gguf),

@@ -191,9 +191,12 @@ def _from_tensors(config: ModelConfig, md: dict, tensors: dict[str, TensorInfo],
     mixture-of-experts (Qwen3-MoE's mlp_only_layers, GLM's dense first layers),
     Mamba-2's biases, and Phi-3's LongRoPE factors."""
     if config.mamba is not None:
-        first = config.layer_types.index("mamba")
+        first = next(i for i in range(config.num_layers) if config.is_mamba(i))
         config.mamba = replace(config.mamba, conv_bias=f"blk.{first}.ssm_conv1d.bias" in tensors,
-                               proj_bias=f"blk.{first}.ssm_in.bias" in tensors)
+                               proj_bias=f"blk.{first}.ssm_in.bias" in tensors,
+                               out_bias=f"blk.{first}.ssm_out.bias" in tensors,
+                               # llama.cpp's Mamba-2 graph: the norm after the gate, where the file has one
+                               norm="gated" if f"blk.{first}.ssm_norm.weight" in tensors else "none")
     if config.moe is not None:
         dense = tuple(f"blk.{i}.ffn_gate_inp.weight" not in tensors for i in range(config.num_layers))
         config.moe = replace(config.moe, dense_layers=dense)

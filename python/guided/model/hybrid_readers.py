@@ -79,6 +79,16 @@ def qwen3_5_hf(cfg: dict, base: dict) -> dict[str, Any]:
     return out
 
 
+def falcon_h1_gguf(get, base: dict) -> dict[str, Any]:
+    """llama.cpp's falcon-h1: every layer attention beside Mamba-2 (its sizes in the ssm keys), the
+    µP multipliers already folded into the weights by the converter; the mixer's norm (its graph
+    takes it after the gate) and biases by the tensors the file holds (gguf_loader)."""
+    n, heads, inner = int(get("block_count")), int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
+    return {"layer_types": ("hybrid",) * n, "rope_layers": ("global",) * n,
+            "mamba": MambaConfig(heads, inner // heads, int(get("ssm.state_size")), int(get("ssm.group_count", 1)),
+                                 int(get("ssm.conv_kernel")))}
+
+
 def qwen35_gguf(get, base: dict) -> dict[str, Any]:
     """llama.cpp's qwen35, qwen35moe and qwen3next: the Gated DeltaNet's sizes in its ssm keys (the
     key heads as groups, k_dim as the state size, the value heads as the time-step rank), its value
