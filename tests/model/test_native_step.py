@@ -36,7 +36,8 @@ from helpers.tiny_models import ARCHITECTURES, VOCAB, build
 pytestmark = pytest.mark.skipif(_native.quant_kernels() is None,
                                 reason="the native step needs this CPU's build of the kernels (AVX2)")
 
-#: llama.cpp's converter drops Mistral's sliding window; no deepseek2 reader (test_architectures.NO_GGUF);
+#: llama.cpp's converter drops Mistral's sliding window; no deepseek2, nemotron_h or qwen3next file here, and
+#: Falcon-H1's and Qwen3-Next's files are checked in test_architectures (test_architectures.NO_GGUF);
 #: Qwen3.5's Q8_0 blocks on the torch step differ from their float32 dequantization by up to 0.3 in
 #: log-probability on its tiny random row (0.03-0.08 for Granite 4.0-H's or Qwen3's: its gated
 #: attention and DeltaNet amplify the 8-bit activations), past the 0.15 below;
