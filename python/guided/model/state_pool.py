@@ -44,8 +44,8 @@ shared-prefix checkpoint): the second request of a system prompt computes it,
 the third and later start from there.
 
 Drafts. A step that checks a token and its drafts may pass a block boundary
-with tokens the check then refuses: the slot's state from before the step is
-kept (``drafted``), and the next step goes back to it.
+with tokens the check then refuses: where it passes one, the slot's state from
+before the step is kept (``drafted``), and the next step goes back to it.
 """
 from __future__ import annotations
 
@@ -218,11 +218,13 @@ class StatePool:
                                    f"{int(reached)}, its step starts at {int(first[i])}")
         self.state_at[slots[fresh]] = 0
         origin = self.state_at[slots].copy()
+        end = first + counts
         sampled = Counter(np.asarray(plan.sample_seq_ids).tolist())
         for i, s in enumerate(ids):
-            if sampled.get(s, 0) > 1:   # a token and its drafts: the state before, for a refusal
+            # a token and its drafts passing a boundary: the state before them, for a refusal (one
+            # that passes none leaves the slot's state as it is)
+            if sampled.get(s, 0) > 1 and end[i] // bs * bs > origin[i]:
                 self.drafted[s] = (int(origin[i]), self.states[:, slots[i]].clone())
-        end = first + counts
         self.reached[slots] = end
         self.state_at[slots] = end // bs * bs
         prompt = np.array([self.prompt_boundary.get(s, 0) for s in ids], dtype=np.int64)
@@ -257,11 +259,11 @@ class StatePool:
         passing = np.flatnonzero((first < at) & (at <= end))
         copies = torch.empty((self.layers, len(passing), *self.states.shape[2:]), device=self.device) \
             if passing.size else None
-        index = np.zeros(len(ids), dtype=np.int64)
+        index, where = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=np.int64)
         for j, i in enumerate(passing):
             self.branch_copies[ids[i]] = (int(at[i]), copies, j)
-            index[i] = j
-        return np.where(np.isin(np.arange(len(ids)), passing), at, 0), copies, index
+            index[i], where[i] = j, at[i]
+        return where, copies, index
 
     def _segments(self, tables, starts, origin, first, end, copies, t) -> list[Segment]:
         """The rounds of blocks the step's sequences touch (Segment): sequence i's k-th round is
